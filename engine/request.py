@@ -1,0 +1,103 @@
+"""A request's state inside the engine: counters, with everything else derived."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in its life. Everything above PREEMPTED is finished."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+        }.get(self)
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated (a request with ``n > 1`` becomes ``n`` of these).
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the cache; the tokens still to run
+    through the model are ``all_token_ids[num_computed_tokens:]``. ``max_tokens`` is resolved
+    (never None). ``block_ids`` is the request's block table, owned by the scheduler.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int
+    eos_token_id: int | None = None
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    prompt: str | None = None
+    # n > 1: the id the caller knows and this sequence's index among the n.
+    parent_id: str | None = None
+    index: int = 0
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
+    num_preemptions: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    stop_reason: int | str | None = None
+
+    # Sampling state: a per-request torch.Generator when seeded, logprobs when asked for.
+    generator: Any = None
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict] = field(default_factory=list)
+    # Incremental detokenizer (engine.detokenizer.IncrementalDetokenizer), set by the engine.
+    detokenizer: Any = None
+
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while prompt tokens (or, after preemption, recomputed ones) remain uncomputed."""
+        return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def external_id(self) -> str:
+        return self.parent_id if self.parent_id is not None else self.request_id
