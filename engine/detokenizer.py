@@ -1,0 +1,109 @@
+"""Incremental detokenization with stop strings, never emitting broken UTF-8.
+
+The approach is vLLM's ``detokenize_incrementally`` expressed with ``decode``: keep two offsets
+into the token ids, ``prefix_offset`` (where the decoding window starts, a few tokens of
+context so that decoders which strip or merge at the start of a text behave as in a full
+decode) and ``read_offset`` (where the text already emitted ends). Each update decodes
+``ids[prefix_offset:read_offset]`` and ``ids[prefix_offset:]``; the difference is the new text.
+When that text ends in U+FFFD (a multi-byte character cut in the middle by a token boundary) it
+is held back until a later token completes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+# Prompt tokens kept as decoding context for the first output tokens (vLLM uses 5 too).
+_NUM_CONTEXT_TOKENS = 5
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Builds a request's ``output_text`` token by token and finds its stop strings.
+
+    ``tokenizer`` needs ``decode(ids, skip_special_tokens=...)``. ``output_text`` only grows,
+    except when a stop string truncates it. The stop token (EOS or a stop token id) should not
+    be passed to ``update`` when its text must stay out of the output (vLLM's behaviour).
+    """
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.params = params
+        self.skip_special_tokens = params.skip_special_tokens
+        self.output_text = ""
+        self.num_output_tokens = 0
+        context = list(prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
+        self._token_ids = context
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._token_text_cache: dict[int, str] = {}
+
+    def update(self, new_token_ids: list[int], check_stop: bool = True) -> str | None:
+        """Append ``new_token_ids`` and extend ``output_text``.
+
+        If ``check_stop`` and a stop string of ``params.stop`` now appears in ``output_text``
+        (including across token boundaries; not before ``params.min_tokens`` outputs), cuts
+        ``output_text`` at the earliest match (keeping the stop string only with
+        ``include_stop_str_in_output``) and returns that stop string; else returns None.
+        """
+        if not new_token_ids:
+            return None
+        num_chars_before = len(self.output_text)
+        for token_id in new_token_ids:
+            self._token_ids.append(token_id)
+            self.output_text += self._next_text()
+        self.num_output_tokens += len(new_token_ids)
+        if not check_stop or not self.params.stop:
+            return None
+        if self.num_output_tokens <= self.params.min_tokens:
+            return None
+        return self._check_stop_strings(num_chars_before)
+
+    def _next_text(self) -> str:
+        """Text completed by the last appended token ('' while a character is incomplete)."""
+        ids = self._token_ids
+        decode = self.tokenizer.decode
+        prefix_text = decode(
+            ids[self._prefix_offset : self._read_offset],
+            skip_special_tokens=self.skip_special_tokens,
+        )
+        new_text = decode(ids[self._prefix_offset :], skip_special_tokens=self.skip_special_tokens)
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
+            # Nothing new yet, or the text ends in the middle of a multi-byte character.
+            return ""
+        delta = new_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(ids)
+        return delta
+
+    def _check_stop_strings(self, num_chars_before: int) -> str | None:
+        """Find the earliest stop string that overlaps the text added since
+        ``num_chars_before``; truncate ``output_text`` at it and return it."""
+        text = self.output_text
+        if len(text) == num_chars_before:
+            return None
+        best: tuple[int, int, str] | None = None  # (start, end, stop string)
+        for stop in self.params.stop:
+            # A match must end inside the new text; it may start before it (straddling).
+            search_from = max(0, num_chars_before - len(stop) + 1)
+            start = text.find(stop, search_from)
+            if start < 0:
+                continue
+            candidate = (start, start + len(stop), stop)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+        if best is None:
+            return None
+        start, end, stop = best
+        self.output_text = text[:end] if self.params.include_stop_str_in_output else text[:start]
+        return stop
+
+    def decode_token(self, token_id: int) -> str:
+        """The text of one token on its own (for logprobs display; special tokens included)."""
+        text = self._token_text_cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text_cache[token_id] = text
+        return text
