@@ -5,11 +5,466 @@ Contract (DESIGN.md): ``key_cache``/``value_cache`` are
 ``i`` owning query rows ``query_start_loc[i]:query_start_loc[i+1]``; ``seq_lens[i]`` is its
 context length after this step's tokens were written to the cache, so its new tokens sit at
 positions ``seq_lens[i] - q_len_i ... seq_lens[i] - 1``.
+
+The Triton kernel tiles the flattened query rows into blocks of ``BLOCK_Q`` tokens of one
+sequence; a block carries all ``group`` query heads that share one KV head (``BLOCK_M =
+BLOCK_Q * group_pad`` rows), so each K/V tile is read once per group. A program finds its
+sequence by binary search over ``query_start_loc`` (the grid never depends on a host read).
+For decode with few sequences, each sequence's KV range is split across ``num_kv_splits``
+programs whose partial results are merged with log-sum-exp by a second kernel.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+# Decode splits the KV range only while fewer programs than this many per SM would run.
+_SPLIT_PROGRAMS_PER_SM = 2
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_KV_SPLITS = 64
+
+
+@triton.jit
+def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    # Sequence s owns q blocks starting at query_start_loc[s] // BLOCK_Q + s (an upper bound
+    # on the blocks of the sequences before it); find the last s whose start <= q_block_idx.
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if start_block <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    kv_start,
+    seq_len,
+    sliding_window,
+    scale_log2,
+    k_head_ptr,
+    v_head_ptr,
+    block_table_ptr,
+    stride_k_b,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_s,
+    stride_v_d,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_MASKED: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    offs_n = kv_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_valid = offs_d < HEAD_DIM
+    if IS_MASKED:
+        kv_valid = offs_n < seq_len
+        block_ids = tl.load(block_table_ptr + offs_n // BLOCK_SIZE, mask=kv_valid, other=0)
+    else:
+        kv_valid = offs_n >= 0
+        block_ids = tl.load(block_table_ptr + offs_n // BLOCK_SIZE)
+    block_ids = block_ids.to(tl.int64)
+    in_block = offs_n % BLOCK_SIZE
+    k_off = block_ids * stride_k_b + in_block * stride_k_s  # [BLOCK_N]
+    v_off = block_ids * stride_v_b + in_block * stride_v_s
+    k = tl.load(
+        k_head_ptr + k_off[None, :] + offs_d[:, None] * stride_k_d,
+        mask=kv_valid[None, :] & d_valid[:, None],
+        other=0.0,
+    )  # [HEAD_DIM_PAD, BLOCK_N]
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    s = s * scale_log2  # [BLOCK_M, BLOCK_N], log2 domain
+    if IS_MASKED:
+        allowed = (offs_n[None, :] <= q_pos[:, None]) & kv_valid[None, :]
+        if HAS_WINDOW:
+            allowed = allowed & (offs_n[None, :] > q_pos[:, None] - sliding_window)
+        s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen no key yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        v_head_ptr + v_off[:, None] + offs_d[None, :] * stride_v_d,
+        mask=kv_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )  # [BLOCK_N, HEAD_DIM_PAD]
+    if IS_FP32:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    part_out_ptr,  # [num_tokens, num_heads, NUM_SPLITS, HEAD_DIM_PAD] fp32 (NUM_SPLITS > 1)
+    part_lse_ptr,  # [num_tokens, num_heads, NUM_SPLITS] fp32, log2 domain
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    scale_log2,
+    num_seqs,
+    sliding_window,
+    stride_q_t,
+    stride_q_h,
+    stride_q_d,
+    stride_o_t,
+    stride_o_h,
+    stride_o_d,
+    stride_k_b,
+    stride_k_s,
+    stride_k_h,
+    stride_k_d,
+    stride_v_b,
+    stride_v_s,
+    stride_v_h,
+    stride_v_d,
+    stride_bt_s,
+    stride_bt_b,
+    stride_po_t,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_t,
+    stride_pl_h,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    q_block_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_new_pos = seq_len - q_len
+
+    # Row r of the tile is token r // GROUP_PAD of this block, query head r % GROUP_PAD of
+    # this KV head's group.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    tok = q_block_local * BLOCK_Q + offs_m // GROUP_PAD
+    head_in_group = offs_m % GROUP_PAD
+    row_valid = (tok < q_len) & (head_in_group < GROUP)
+    head = kv_head * GROUP + head_in_group
+    q_pos = first_new_pos + tok
+    row = (q_start + tok).to(tl.int64)
+    row_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q_ptrs = q_ptr + row[:, None] * stride_q_t + head[:, None] * stride_q_h
+    q = tl.load(q_ptrs + offs_d[None, :] * stride_q_d, mask=row_mask, other=0.0)
+
+    # KV positions this block needs: [kv_lo, kv_hi), cut into tiles, the tiles cut into splits.
+    min_pos = first_new_pos + q_block_local * BLOCK_Q
+    kv_hi = tl.minimum(min_pos + BLOCK_Q, seq_len)
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(min_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N
+    num_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_begin = tl.minimum(split * tiles_per_split, num_tiles)
+    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+    kv_begin = kv_lo + tile_begin * BLOCK_N
+    kv_end = kv_lo + tile_end * BLOCK_N
+    # Tiles wholly at or before the block's first query position need no mask.
+    if HAS_WINDOW:
+        kv_mid = kv_begin
+    else:
+        kv_mid = tl.minimum(tl.maximum((min_pos + 1) // BLOCK_N * BLOCK_N, kv_begin), kv_end)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_head_ptr = k_cache_ptr + kv_head * stride_k_h
+    v_head_ptr = v_cache_ptr + kv_head * stride_v_h
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_s
+    for kv_start in range(kv_begin, kv_mid, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, kv_start, seq_len, sliding_window, scale_log2,
+            k_head_ptr, v_head_ptr, table_ptr, stride_k_b, stride_k_s, stride_k_d,
+            stride_v_b, stride_v_s, stride_v_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+            False, HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+    for kv_start in range(kv_mid, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, q_pos, kv_start, seq_len, sliding_window, scale_log2,
+            k_head_ptr, v_head_ptr, table_ptr, stride_k_b, stride_k_s, stride_k_d,
+            stride_v_b, stride_v_s, stride_v_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+            True, HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        out_ptrs = (
+            out_ptr + row[:, None] * stride_o_t + head[:, None] * stride_o_h
+            + offs_d[None, :] * stride_o_d
+        )  # fmt: skip
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask)
+    else:
+        part_ptrs = (
+            part_out_ptr + row[:, None] * stride_po_t + head[:, None] * stride_po_h
+            + split * stride_po_s + offs_d[None, :]
+        )  # fmt: skip
+        tl.store(part_ptrs, o, mask=row_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        lse_ptrs = part_lse_ptr + row * stride_pl_t + head * stride_pl_h + split
+        tl.store(lse_ptrs, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_kv_splits_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    num_heads,
+    stride_o_t,
+    stride_o_h,
+    stride_o_d,
+    stride_po_t,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_t,
+    stride_pl_h,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    # One token, BLOCK_H heads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    h_valid = heads < num_heads
+    hs_valid = h_valid[:, None] & (offs_s < NUM_SPLITS)[None, :]
+    lse_ptrs = part_lse_ptr + token * stride_pl_t + heads[:, None] * stride_pl_h + offs_s[None, :]
+    lse = tl.load(lse_ptrs, mask=hs_valid, other=float("-inf"))  # [BLOCK_H, SPLITS_PAD]
+    lse_max = tl.max(lse, 1)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight = tl.exp2(lse - lse_max[:, None])  # 0 for splits that saw no key
+    part_ptrs = (
+        part_out_ptr + token * stride_po_t + heads[:, None, None] * stride_po_h
+        + offs_s[None, :, None] * stride_po_s + offs_d[None, None, :]
+    )  # fmt: skip
+    part_mask = hs_valid[:, :, None] & (offs_d < HEAD_DIM)[None, None, :]
+    part = tl.load(part_ptrs, mask=part_mask, other=0.0)  # [BLOCK_H, SPLITS_PAD, HEAD_DIM_PAD]
+    total = tl.sum(weight, 1)
+    o = tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0.0, total, 1.0)[:, None]
+    out_ptrs = (
+        out_ptr + token * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
+    )
+    out_mask = h_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _NUM_SMS:
+        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _NUM_SMS[index]
+
+
+def default_num_kv_splits(
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device
+) -> int:
+    """How many programs share one sequence's KV range when the launcher is not told.
+
+    Only decode-only steps on CUDA split: with fewer (sequence, KV head) programs than
+    ``_SPLIT_PROGRAMS_PER_SM`` per SM, each range is cut so that the GPU is filled, keeping at
+    least ``_MIN_TOKENS_PER_SPLIT`` positions per split.
+    """
+    if device.type != "cuda" or max_query_len > 1:
+        return 1
+    num_programs = num_seqs * num_kv_heads
+    target = _SPLIT_PROGRAMS_PER_SM * _num_sms(device)
+    if num_programs >= target:
+        return 1
+    by_fill = -(-target // num_programs)
+    by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(by_fill, by_length, _MAX_KV_SPLITS))
+
+
+def _pick_tiles(
+    device: torch.device, max_query_len: int, group_pad: int, head_dim_pad: int
+) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for one launch."""
+    if device.type != "cuda":
+        # The CPU interpreter: small tiles so that short test contexts cross tile edges.
+        return max(16, group_pad), 16, 4, 1
+    if max_query_len * group_pad <= 16 or max_query_len <= 4:
+        block_n = 64 if head_dim_pad <= 128 else 32
+        return max(16, group_pad), block_n, 4, 3
+    block_n = 64 if head_dim_pad <= 128 else 32
+    return max(128, group_pad), block_n, 8, 3
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
+    """Triton version of :func:`paged_attention_ref` (same arguments and result).
+
+    ``max_query_len`` picks the tile shape and, with ``max_seq_len``, the number of KV splits;
+    results do not depend on them. ``num_kv_splits`` (keyword only) forces how many programs
+    share each sequence's KV range (``None``: :func:`default_num_kv_splits`). Never reads a
+    device tensor on the host, so the launch can be captured in a CUDA graph.
+    """
+    if query.dim() != 3 or key_cache.dim() != 4:
+        raise ValueError(
+            "query must be [num_tokens, num_heads, head_dim] and key_cache "
+            f"[num_blocks, block_size, num_kv_heads, head_dim]; got {tuple(query.shape)} and "
+            f"{tuple(key_cache.shape)}"
+        )
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"value_cache shape {tuple(value_cache.shape)} must equal key_cache shape "
+            f"{tuple(key_cache.shape)}"
+        )
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, cache_head_dim = key_cache.shape
+    if cache_head_dim != head_dim or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"query heads x dim {num_heads}x{head_dim} do not fit cache heads x dim "
+            f"{num_kv_heads}x{cache_head_dim}: head_dim must match and num_heads must be a "
+            "multiple of num_kv_heads"
+        )
+    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (
+        key_cache.dtype == value_cache.dtype == query.dtype
+    ):
+        raise ValueError(
+            f"query, key_cache and value_cache must share one dtype of float16, bfloat16 or "
+            f"float32; got {query.dtype}, {key_cache.dtype}, {value_cache.dtype}"
+        )
+    num_seqs = seq_lens.shape[0]
+    if (
+        query_start_loc.shape != (num_seqs + 1,)
+        or block_tables.dim() != 2
+        or (block_tables.shape[0] != num_seqs)
+    ):
+        raise ValueError(
+            f"with {num_seqs} sequences query_start_loc must be [{num_seqs + 1}] and "
+            f"block_tables [{num_seqs}, max_blocks_per_seq]; got {tuple(query_start_loc.shape)}"
+            f" and {tuple(block_tables.shape)}"
+        )
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+    if num_kv_splits is not None and num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be None or >= 1, got {num_kv_splits}")
+    if out is None:
+        out = torch.empty_like(query)
+    elif out.shape != query.shape or out.dtype != query.dtype:
+        raise ValueError(
+            f"out must be {tuple(query.shape)} {query.dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_heads // num_kv_heads
+    group_pad = _next_pow2(group)
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    block_m, block_n, num_warps, num_stages = _pick_tiles(
+        query.device, max_query_len, group_pad, head_dim_pad
+    )
+    block_q = block_m // group_pad
+    if num_kv_splits is None:
+        num_kv_splits = default_num_kv_splits(
+            num_seqs, num_kv_heads, max_query_len, max_seq_len, query.device
+        )
+    if num_kv_splits > 1:
+        part_out = torch.empty(
+            (num_tokens, num_heads, num_kv_splits, head_dim_pad),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        part_lse = torch.empty(
+            (num_tokens, num_heads, num_kv_splits), dtype=torch.float32, device=query.device
+        )
+    else:  # never touched by the kernel; any float32 tensor stands in
+        part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_kv_splits)
+    _paged_attention_kernel[grid](
+        out, part_out, part_lse, query, key_cache, value_cache,
+        query_start_loc, seq_lens, block_tables,
+        scale * _LOG2E, num_seqs, sliding_window or 0,
+        *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
+        *block_tables.stride(), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=block_m, BLOCK_Q=block_q, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, HAS_WINDOW=sliding_window is not None,
+        IS_FP32=query.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    if num_kv_splits > 1:
+        # The interpreter pays per program: merge all heads of a token in one there.
+        block_h = 1 if query.device.type == "cuda" else _next_pow2(num_heads)
+        grid = (num_tokens, triton.cdiv(num_heads, block_h))
+        _merge_kv_splits_kernel[grid](
+            out, part_out, part_lse, num_heads, *out.stride(),
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_H=block_h,
+        )  # fmt: skip
+    return out
 
 
 def paged_attention_ref(
