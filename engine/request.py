@@ -39,7 +39,7 @@ class Request:
 
     ``num_computed_tokens`` counts tokens whose K/V are in the cache; the tokens still to run
     through the model are ``all_token_ids[num_computed_tokens:]``. ``max_tokens`` is resolved
-    (never None). ``block_ids`` is the request's block table, owned by the scheduler.
+    (never None). ``blocks`` is the request's block table, owned by the scheduler.
     """
 
     request_id: str
@@ -59,7 +59,10 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    blocks: list[Any] = field(default_factory=list)  # KVCacheBlock, owned by the scheduler
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache keys of full blocks
+    num_registered_blocks: int = 0  # leading blocks registered in the prefix cache
+    leader: Request | None = None  # n > 1: wait for this sibling's prompt to be cached
     stop_reason: int | str | None = None
 
     # Sampling state: a per-request torch.Generator when seeded, logprobs when asked for.
@@ -76,6 +79,10 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks]
 
     @property
     def num_prompt_tokens(self) -> int:
