@@ -37,7 +37,9 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         # block_id -> block, least recently freed first (eviction order).
-        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._free: OrderedDict[int, KVCacheBlock] = OrderedDict(
+            (b.block_id, b) for b in self.blocks
+        )
         self._cached: dict[int, KVCacheBlock] = {}
         self.num_cache_queries = 0  # blocks looked up
         self.num_cache_hits = 0  # blocks found

@@ -46,7 +46,9 @@ class EngineConfig:
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported; allowed: {sorted(_DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            raise ValueError(
+                f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            )
         positive = {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,

@@ -100,7 +100,7 @@ class EngineLoop:
                         break
                     adds, self._adds = self._adds, []
                     aborts, self._aborts = self._aborts, []
-                for prep, fut in adds:
+                for prep, _fut in adds:
                     try:
                         engine.add_prepared(prep)
                     except ValueError as exc:

@@ -46,7 +46,9 @@ class KVCacheManager:
         self.pool.num_cache_hits += len(hits)
         return hits
 
-    def can_fit(self, req: Request, num_new_tokens: int, computed: Sequence[KVCacheBlock] = ()) -> bool:
+    def can_fit(
+        self, req: Request, num_new_tokens: int, computed: Sequence[KVCacheBlock] = ()
+    ) -> bool:
         return self._num_blocks_needed(req, num_new_tokens, computed) <= self.pool.num_free_blocks
 
     def _num_blocks_needed(

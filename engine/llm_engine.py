@@ -93,8 +93,12 @@ class LLMEngine:
                 f"max_position_embeddings {mcfg.max_position_embeddings}"
             )
         block_bytes = (
-            2 * mcfg.num_hidden_layers * config.block_size * mcfg.num_key_value_heads
-            * mcfg.head_dim * dtype.itemsize
+            2
+            * mcfg.num_hidden_layers
+            * config.block_size
+            * mcfg.num_key_value_heads
+            * mcfg.head_dim
+            * dtype.itemsize
         )
         num_blocks = self._kv_cache_bytes(device, mcfg) // block_bytes
         if num_blocks < cdiv(2, config.block_size) + 1:
@@ -141,7 +145,8 @@ class LLMEngine:
         # Room for one step's activations: the largest layer intermediates and the logits.
         activation_bytes = (
             self.config.max_num_batched_tokens
-            * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
+            * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size)
+            * 4
             + self.config.max_num_seqs * mcfg.vocab_size * 8
             + (512 << 20)
         )
@@ -178,7 +183,8 @@ class LLMEngine:
         bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(
-                f"request {request_id!r}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+                f"request {request_id!r}: token ids {bad[:5]} are outside the vocabulary "
+                f"[0, {vocab})"
             )
         num_prompt = len(token_ids)
         limit = self.max_model_len
@@ -238,7 +244,9 @@ class LLMEngine:
                 leader=children[0] if children and self.config.enable_prefix_caching else None,
             )
             if params.stop:
-                req.detokenizer = IncrementalDetokenizer(self.tokenizer, prep.prompt_token_ids, params)
+                req.detokenizer = IncrementalDetokenizer(
+                    self.tokenizer, prep.prompt_token_ids, params
+                )
             children.append(req)
             self._requests[child_id] = req
             self.scheduler.add_request(req)
@@ -336,7 +344,11 @@ class LLMEngine:
             if params.logprobs is not None:
                 logprobs = [
                     {
-                        tid: Logprob(lp.logprob, lp.rank, self.tokenizer.decode([tid], skip_special_tokens=False))
+                        tid: Logprob(
+                            lp.logprob,
+                            lp.rank,
+                            self.tokenizer.decode([tid], skip_special_tokens=False),
+                        )
                         for tid, lp in pos.items()
                     }
                     for pos in req.logprobs
@@ -346,7 +358,9 @@ class LLMEngine:
                     index=req.index,
                     text=text,
                     token_ids=list(req.output_token_ids),
-                    cumulative_logprob=req.cumulative_logprob if params.logprobs is not None else None,
+                    cumulative_logprob=req.cumulative_logprob
+                    if params.logprobs is not None
+                    else None,
                     logprobs=logprobs,
                     finish_reason=req.status.finish_reason,
                     stop_reason=req.stop_reason,
@@ -355,7 +369,9 @@ class LLMEngine:
         metrics = RequestMetrics(
             arrival_time=first.arrival_time,
             first_scheduled_time=first.first_scheduled_time,
-            first_token_time=min((c.first_token_time for c in children if c.first_token_time), default=None),
+            first_token_time=min(
+                (c.first_token_time for c in children if c.first_token_time), default=None
+            ),
             finished_time=max((c.finished_time for c in children if c.finished_time), default=None),
             num_preemptions=sum(c.num_preemptions for c in children),
         )

@@ -38,7 +38,9 @@ class ModelRunner:
             for _ in range(cfg.num_hidden_layers)
         ]
 
-    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    def prepare(
+        self, sched: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the step's tokens; returns input_ids, positions, metadata, logit rows."""
         bs = self.block_size
         input_ids: list[int] = []

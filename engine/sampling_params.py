@@ -44,7 +44,10 @@ class SamplingParams:
             (self.n >= 1, f"n must be >= 1, got {self.n}"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= 0, f"top_k must be -1 (disabled), 0 (disabled) or >= 1, got {self.top_k}"),
+            (
+                self.top_k >= 0,
+                f"top_k must be -1 (disabled), 0 (disabled) or >= 1, got {self.top_k}",
+            ),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (
                 -2 <= self.presence_penalty <= 2,

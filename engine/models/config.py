@@ -36,11 +36,15 @@ class ModelConfig:
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelConfig:
         """Parse a config.json dict; ``ValueError`` for an architecture we cannot run."""
         archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else {
-            "llama": "LlamaForCausalLM",
-            "mistral": "MistralForCausalLM",
-            "qwen2": "Qwen2ForCausalLM",
-        }.get(cfg.get("model_type", ""), "")
+        arch = (
+            archs[0]
+            if archs
+            else {
+                "llama": "LlamaForCausalLM",
+                "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM",
+            }.get(cfg.get("model_type", ""), "")
+        )
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"architecture {arch or cfg.get('model_type')!r} is not supported; "

@@ -97,7 +97,10 @@ def build_cos_sin_cache(
         inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)  # type: ignore[arg-type]
     elif rope_type == "yarn":
         inv_freq, attention_factor = _yarn_inv_freq(
-            rotary_dim, base, rope_scaling, max_position  # type: ignore[arg-type]
+            rotary_dim,
+            base,
+            rope_scaling,
+            max_position,  # type: ignore[arg-type]
         )
     # Match transformers: frequencies in fp32, positions times frequencies in fp32.
     inv_freq = inv_freq.float()
