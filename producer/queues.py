@@ -20,4 +20,27 @@ def queue_name(lane: str, prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
 
 def redis_list_keys(queue: str) -> list[str]:
     """Every Redis list that holds messages of ``queue`` (all priority sub-lists)."""
-    return [queue if step == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{step}" for step in KOMBU_PRIORITY_STEPS]
+    return [
+        queue if step == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{step}"
+        for step in KOMBU_PRIORITY_STEPS
+    ]
+
+
+def inflight_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis hash of chunks being worked on (Celery task id -> lane); KEDA counts it too."""
+    return f"{prefix}.inflight"
+
+
+def dead_letter_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis list of dead-letter records (JSON): undecodable messages, exhausted chunks."""
+    return f"{prefix}.dead_letters"
+
+
+def job_key(job_id: str, prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis hash holding a job's record (state, counts, timings)."""
+    return f"{prefix}.job.{job_id}"
+
+
+def job_chunks_key(job_id: str, prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis set of a job's chunk indices that have been accounted for (once each)."""
+    return f"{prefix}.job.{job_id}.chunks"

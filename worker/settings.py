@@ -1,0 +1,75 @@
+"""Worker settings (``TIDAL_*`` env vars), mapped explicitly to the engine and Celery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from producer.settings import ProducerSettings
+
+
+class WorkerSettings(ProducerSettings):
+    """Everything one worker process needs: engine shape, delivery timing, metrics, warm-up.
+
+    ``visibility_timeout_s`` must exceed the longest a chunk can spend reserved + running +
+    uploading, or a second copy is delivered while the first still runs (duplicates are safe,
+    but wasteful). ``soft_shutdown_timeout_s`` must stay below the pod's grace period.
+    """
+
+    # engine
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    seed: int = 0
+    # Celery and delivery
+    concurrency: int = Field(default=4, ge=2, description="chunk threads; one is kept for high")
+    max_normal_chunks: int | None = Field(
+        default=None, ge=1, description="normal chunks in flight before pausing (concurrency-1)"
+    )
+    max_engine_backlog: int | None = Field(
+        default=None, ge=1, description="unfinished engine requests before pausing normal"
+    )
+    visibility_timeout_s: int = Field(default=4 * 3600, ge=1)
+    unacked_restore_interval_s: int = Field(default=10, ge=1)
+    unacked_restore_throttle: int = Field(default=10, ge=1)
+    soft_shutdown_timeout_s: float = Field(default=20.0, ge=0)
+    chunk_max_retries: int = Field(default=5, ge=0)
+    chunk_retry_backoff_s: float = Field(default=2.0, ge=0)
+    chunk_retry_backoff_max_s: float = Field(default=120.0, ge=0)
+    # warm-up and metrics
+    warmup_cron: str | None = Field(default=None, description="crontab 'm h dom mon dow'")
+    warmup_expires_s: float = Field(default=600.0, gt=0)
+    metrics_port: int | None = Field(default=9100, description="None or 0 turns it off")
+    metrics_interval_s: float = Field(default=5.0, gt=0)
+
+    def engine_config(self) -> Any:
+        """The ``EngineConfig`` these settings describe."""
+        from engine.config import EngineConfig
+
+        return EngineConfig(
+            model=self.model,
+            dtype=self.dtype,
+            device=self.device,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enforce_eager=self.enforce_eager,
+            seed=self.seed,
+        )
+
+    def normal_chunk_limit(self) -> int:
+        return self.max_normal_chunks or max(1, self.concurrency - 1)
+
+    def engine_backlog_limit(self) -> int:
+        return self.max_engine_backlog or 2 * self.max_num_seqs
