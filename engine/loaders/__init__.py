@@ -1,0 +1,1 @@
+"""Readers for model files: Hugging Face directories and GGUF files (see engine.loader)."""
