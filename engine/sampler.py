@@ -70,8 +70,7 @@ class Sampler:
         if logprob_rows:
             raw_logprobs = torch.log_softmax(logits[self._index(logprob_rows)], dim=-1)
 
-        self._apply_min_tokens(logits, requests)
-        self._apply_penalties(logits, requests)
+        logits = self._process(logits, requests)
 
         sampled_ids = torch.empty(num_rows, dtype=torch.long, device=self.device)
         greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
@@ -96,6 +95,17 @@ class Sampler:
 
     # ----------------------------------------------------------------------------------------
     # Logit processing (in place on the float32 copy)
+
+    def process_logits(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """The logits that greedy rows take the argmax of: a float32 copy of ``logits
+        [num_rows, vocab]`` with ``min_tokens`` masking and the penalties applied."""
+        logits = logits.to(device=self.device, dtype=torch.float32, copy=True)
+        return self._process(logits, requests)
+
+    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        self._apply_min_tokens(logits, requests)
+        self._apply_penalties(logits, requests)
+        return logits
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
