@@ -1,0 +1,475 @@
+"""W4A16 GEMM: ``y = x @ dequant(W)^T`` with a canonical packed INT4 weight.
+
+Canonical form (``Int4Weight``), chosen for wide contiguous loads along K:
+
+- ``qweight`` int32 ``[N, K // 8]``: word ``w`` of row ``n`` holds ``k = 8*w + j`` in bits
+  ``4*j .. 4*j+3`` (low nibble first), codes 0..15.
+- ``scales`` and ``offsets`` ``[K // group_size, N]`` (fp16, bf16 or fp32): the value of code
+  ``q`` in group ``g`` of output ``n`` is ``q * scales[g, n] + offsets[g, n]``. Integer zero
+  points (GPTQ, AWQ) become ``offset = -zero * scale``; GGUF Q4_1's float min is the offset.
+- ``group_size`` 32, 64, 128 or ``K`` (per-channel); any multiple of 8 dividing K works.
+- ``in_perm`` int64 ``[K]`` or None: act-order checkpoints are permuted once at load so groups
+  are contiguous, and the activations are gathered ``x[:, in_perm]`` before the product.
+
+Concatenating weights along N (fused ``qkv_proj``, ``gate_up_proj``) is a ``cat`` of every
+tensor along its N dimension (``Int4Weight.cat_n``); slicing on group boundaries along N or K
+(tensor parallelism) is plain slicing (``narrow_n``, ``narrow_k``).
+
+Strategies, picked by ``choose_config`` from M and the shape: ``gemv`` (M = 1, reduction in
+registers, split-K), ``tiled`` (``tl.dot`` tiles, split-K for small M so every multiprocessor
+has work) and ``dequant`` (dequantize to the activation dtype, then cuBLAS) for large M.
+Settings come from a fixed table per shape bucket, never autotuned at run time, so the
+launch is safe inside CUDA graph capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.int4_gemm_config import Int4GemmConfig, choose_config
+
+__all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """A packed INT4 weight in the kernel's canonical layout (see the module docstring).
+
+    Shapes: qweight int32 [N, K // 8]; scales, offsets [K // group_size, N]; in_perm int64 [K]
+    or None.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    group_size: int
+    in_perm: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.qweight.dtype != torch.int32 or self.qweight.dim() != 2:
+            raise ValueError(
+                f"qweight must be int32 [N, K // 8], got {self.qweight.dtype} "
+                f"{tuple(self.qweight.shape)}"
+            )
+        n, k = self.out_features, self.in_features
+        if self.group_size <= 0 or self.group_size % 8 or k % self.group_size:
+            raise ValueError(
+                f"group_size must be a positive multiple of 8 dividing K={k}, got {self.group_size}"
+            )
+        expected = (k // self.group_size, n)
+        for name in ("scales", "offsets"):
+            t = getattr(self, name)
+            if tuple(t.shape) != expected:
+                raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+            if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+                raise ValueError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
+        if self.in_perm is not None and tuple(self.in_perm.shape) != (k,):
+            raise ValueError(f"in_perm must have shape ({k},), got {tuple(self.in_perm.shape)}")
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1] * 8
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes held on the device by all tensors of this weight."""
+        tensors = [self.qweight, self.scales, self.offsets]
+        if self.in_perm is not None:
+            tensors.append(self.in_perm)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def to(self, device: torch.device | str) -> Int4Weight:
+        """A copy on ``device`` (dtypes unchanged)."""
+        perm = None if self.in_perm is None else self.in_perm.to(device)
+        return Int4Weight(
+            self.qweight.to(device),
+            self.scales.to(device),
+            self.offsets.to(device),
+            self.group_size,
+            perm,
+        )
+
+    @staticmethod
+    def cat_n(weights: list[Int4Weight]) -> Int4Weight:
+        """Concatenate along N (output features), in order; K, group size and in_perm agree."""
+        first = weights[0]
+        for w in weights[1:]:
+            if w.in_features != first.in_features or w.group_size != first.group_size:
+                raise ValueError(
+                    "cat_n needs equal K and group_size, got "
+                    f"{(w.in_features, w.group_size)} vs "
+                    f"{(first.in_features, first.group_size)}"
+                )
+            same_perm = (w.in_perm is None and first.in_perm is None) or (
+                w.in_perm is not None
+                and first.in_perm is not None
+                and torch.equal(w.in_perm, first.in_perm)
+            )
+            if not same_perm:
+                raise ValueError("cat_n needs identical in_perm (act-order permutation)")
+        return Int4Weight(
+            torch.cat([w.qweight for w in weights], 0),
+            torch.cat([w.scales for w in weights], 1),
+            torch.cat([w.offsets for w in weights], 1),
+            first.group_size,
+            first.in_perm,
+        )
+
+    def narrow_n(self, start: int, length: int) -> Int4Weight:
+        """Output features ``start .. start+length`` (a tensor-parallel column shard)."""
+        return Int4Weight(
+            self.qweight[start : start + length].contiguous(),
+            self.scales[:, start : start + length].contiguous(),
+            self.offsets[:, start : start + length].contiguous(),
+            self.group_size,
+            self.in_perm,
+        )
+
+    def narrow_k(self, start: int, length: int) -> Int4Weight:
+        """Input features ``start .. start+length`` on group boundaries (a row shard)."""
+        g = self.group_size
+        if self.in_perm is not None:
+            raise ValueError("narrow_k of an act-order (permuted) weight is not supported")
+        if start % g or length % g:
+            raise ValueError(
+                f"narrow_k needs start and length multiples of group_size={g}, "
+                f"got {start}, {length}"
+            )
+        return Int4Weight(
+            self.qweight[:, start // 8 : (start + length) // 8].contiguous(),
+            self.scales[start // g : (start + length) // g].contiguous(),
+            self.offsets[start // g : (start + length) // g].contiguous(),
+            g,
+            None,
+        )
+
+
+@triton.jit
+def _int4_gemv_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    N,
+    K,
+    group_size,
+    k_per_split,
+    stride_x_m,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_ATOMIC: tl.constexpr,
+):
+    # One row of x per program along axis 2; a tile never straddles a quantization group
+    # (BLOCK_K divides group_size, or there is one group), so the scale and offset apply
+    # after the reduction: sum_k x_k (q s + o) = s * sum_k x_k q + o * sum_k x_k.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    shifts = tl.arange(0, 8) * 4
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        x = tl.load(x_ptr + m * stride_x_m + offs_k, mask=offs_k < k_end, other=0.0)
+        x = x.to(tl.float32)
+        q = tl.load(
+            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
+            mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
+            other=0,
+        )
+        qv = (q[:, :, None] >> shifts[None, None, :]) & 0xF
+        qv = tl.reshape(qv, [BLOCK_N, BLOCK_K]).to(tl.float32)
+        g = k0 // group_size
+        s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc += s * tl.sum(qv * x[None, :], axis=1) + o * tl.sum(x, axis=0)
+    out_ptrs = out_ptr + m * stride_out_m + offs_n
+    if USE_ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=n_mask)
+    else:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _int4_gemm_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    group_size,
+    k_per_split,
+    stride_x_m,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    USE_ATOMIC: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
+    # scale and offset are applied to the partial product of each tile (one group per tile).
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_rows
+    pid_n = (pid % num_pid_in_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    shifts = tl.arange(0, 8) * 4
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :],
+            mask=m_mask[:, None] & (offs_k[None, :] < k_end),
+            other=0.0,
+        )
+        q = tl.load(
+            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
+            mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
+            other=0,
+        )
+        qv = (q[:, :, None] >> shifts[None, None, :]) & 0xF
+        qv = tl.reshape(qv, [BLOCK_N, BLOCK_K]).to(x.dtype)
+        if IEEE:
+            part = tl.dot(x, tl.trans(qv), input_precision="ieee")
+        else:
+            part = tl.dot(x, tl.trans(qv))
+        g = k0 // group_size
+        s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        x_sum = tl.sum(x.to(tl.float32), axis=1)
+        acc += part * s[None, :] + x_sum[:, None] * o[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if USE_ATOMIC:
+        tl.atomic_add(out_ptrs, acc, mask=mask)
+    else:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _int4_dequant_kernel(
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    N,
+    K,
+    group_size,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_n,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_w = tl.program_id(1) * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    n_mask = offs_n < N
+    q = tl.load(
+        qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
+        mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
+        other=0,
+    )
+    shifts = tl.arange(0, 8) * 4
+    qv = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
+    g = offs_k // group_size
+    mask = n_mask[:, None] & (offs_k[None, :] < K)
+    s = tl.load(s_ptr + g[None, :] * stride_s_g + offs_n[:, None], mask=mask, other=0.0)
+    o = tl.load(o_ptr + g[None, :] * stride_s_g + offs_n[:, None], mask=mask, other=0.0)
+    w = qv.to(tl.float32) * s.to(tl.float32) + o.to(tl.float32)
+    tl.store(
+        out_ptr + offs_n[:, None] * stride_out_n + offs_k[None, :],
+        w.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def _check(x: torch.Tensor, weight: Int4Weight) -> None:
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
+    if x.shape[-1] != weight.in_features:
+        raise ValueError(f"x has {x.shape[-1]} input features, the weight {weight.in_features}")
+
+
+def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order)."""
+    n, k = weight.out_features, weight.in_features
+    out = torch.empty((n, k), dtype=dtype, device=weight.qweight.device)
+    block_n, block_k = 32, 128
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
+    _int4_dequant_kernel[grid](
+        weight.qweight,
+        weight.scales,
+        weight.offsets,
+        out,
+        n,
+        k,
+        weight.group_size,
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+    )
+    return out
+
+
+def int4_gemm(
+    x: torch.Tensor,
+    weight: Int4Weight,
+    bias: torch.Tensor | None = None,
+    config: Int4GemmConfig | None = None,
+) -> torch.Tensor:
+    """``x @ dequant(weight)^T (+ bias)`` on the Triton kernels.
+
+    x: [..., K] fp16/bf16/fp32; weight: ``Int4Weight`` with N outputs; bias: [N] or None.
+    Returns [..., N] in x's dtype. ``config`` overrides the table (tests, benchmarks).
+    """
+    _check(x, weight)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if weight.in_perm is not None:
+        x2 = x2.index_select(1, weight.in_perm)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    n = weight.out_features
+    cfg = config or choose_config(m, n, k, weight.group_size, x2.device)
+    if cfg.strategy == "dequant":
+        out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
+    else:
+        out = _launch(x2, weight, cfg)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, n)
+
+
+def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    m, k = x.shape
+    n, g = weight.out_features, weight.group_size
+    block_k = cfg.block_k if g == k else min(cfg.block_k, g)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
+    num_splits = triton.cdiv(k, k_per_split)
+    use_atomic = num_splits > 1
+    out = (
+        torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        if use_atomic
+        else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    )
+    common = (weight.qweight, weight.scales, weight.offsets, out)
+    if cfg.strategy == "gemv":
+        grid = (triton.cdiv(n, cfg.block_n), num_splits, m)
+        _int4_gemv_kernel[grid](
+            x,
+            *common,
+            n,
+            k,
+            g,
+            k_per_split,
+            x.stride(0),
+            weight.qweight.stride(0),
+            weight.scales.stride(0),
+            out.stride(0),
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=block_k,
+            USE_ATOMIC=use_atomic,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    elif cfg.strategy == "tiled":
+        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), num_splits)
+        _int4_gemm_kernel[grid](
+            x,
+            *common,
+            m,
+            n,
+            k,
+            g,
+            k_per_split,
+            x.stride(0),
+            weight.qweight.stride(0),
+            weight.scales.stride(0),
+            out.stride(0),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=block_k,
+            GROUP_M=8,
+            USE_ATOMIC=use_atomic,
+            IEEE=x.dtype == torch.float32,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+    else:
+        raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: gemv, tiled, dequant")
+    return out.to(x.dtype) if use_atomic else out
+
+
+def dequantize_int4(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """dequant(W) [N, K] in plain PyTorch, columns in the ORIGINAL input order.
+
+    For an act-order weight the stored columns follow ``in_perm``; they are scattered back so
+    that ``x @ dequantize_int4(w).T`` needs no gather.
+    """
+    n, k, g = weight.out_features, weight.in_features, weight.group_size
+    shifts = torch.arange(0, 32, 4, device=weight.qweight.device, dtype=torch.int32)
+    codes = ((weight.qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k).float()
+    scales = weight.scales.float().t().repeat_interleave(g, dim=1)
+    offsets = weight.offsets.float().t().repeat_interleave(g, dim=1)
+    w = codes * scales + offsets
+    if weight.in_perm is not None:
+        w = torch.empty_like(w).index_copy_(1, weight.in_perm, w)
+    return w.to(dtype)
+
+
+def int4_gemm_ref(
+    x: torch.Tensor,
+    weight: Int4Weight,
+    bias: torch.Tensor | None = None,
+    config: Int4GemmConfig | None = None,
+) -> torch.Tensor:
+    """Reference: dequantize in fp32, matmul in fp32, cast to x's dtype.
+
+    x: [..., K]; weight: ``Int4Weight`` [N outputs]; bias: [N] or None -> [..., N].
+    ``config`` is accepted for signature parity and ignored.
+    """
+    _check(x, weight)
+    y = x.float() @ dequantize_int4(weight).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

@@ -1,0 +1,94 @@
+"""Launch settings for ``kernels.int4_gemm``: one fixed table per shape bucket.
+
+No autotuning at run time: a config depends only on (M bucket, N, K, group size, device
+multiprocessor count), so the same launch is replayed inside a CUDA graph. The table was
+chosen from the sweep in ``benchmarks/bench_int4_gemm.py --sweep`` on an H200 (see
+BENCHMARKS.md, "INT4 GEMM").
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+STRATEGIES = ("gemv", "tiled", "dequant")
+
+
+@dataclass(frozen=True)
+class Int4GemmConfig:
+    """How to run one INT4 GEMM.
+
+    strategy: ``gemv`` (M small, reduction in registers), ``tiled`` (``tl.dot`` tiles) or
+    ``dequant`` (dequantize, then cuBLAS). ``split_k`` > 1 splits K across programs and
+    reduces with fp32 atomics. ``block_k`` is capped at the group size by the launcher.
+    """
+
+    strategy: str
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 8 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 8, got {v}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+
+
+@functools.lru_cache(maxsize=1)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _split_for(num_tiles: int, k: int, block_k: int, num_sms: int) -> int:
+    """Smallest power-of-two split giving about two programs per multiprocessor."""
+    split = 1
+    while num_tiles * split < 2 * num_sms and k // (2 * split) >= 2 * block_k and split < 16:
+        split *= 2
+    return split
+
+
+def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Int4GemmConfig:
+    """The table: strategy and tiles from the number of rows M and the weight's shape."""
+    num_sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
+    block_k = 128 if group_size >= 128 or group_size == k else group_size
+    if m == 1:
+        block_n = 16
+        split = _split_for(-(-n // block_n), k, block_k, num_sms)
+        return Int4GemmConfig(
+            "gemv", block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=3
+        )
+    if m <= 64:
+        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+        block_n = 64
+        tiles = -(-m // block_m) * -(-n // block_n)
+        split = _split_for(tiles, k, block_k, num_sms)
+        return Int4GemmConfig(
+            "tiled",
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            split_k=split,
+            num_warps=4,
+            num_stages=4,
+        )
+    if m <= 512:
+        return Int4GemmConfig(
+            "tiled",
+            block_m=64 if m <= 128 else 128,
+            block_n=128,
+            block_k=min(block_k, 64) if group_size != k else 64,
+            split_k=1,
+            num_warps=8,
+            num_stages=3,
+        )
+    return Int4GemmConfig("dequant")

@@ -1,0 +1,119 @@
+"""int4_gemm (Triton; interpreter on CPU) against int4_gemm_ref on random packed weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import (jit decoration)
+
+from kernels.int4_gemm import (  # noqa: E402
+    Int4GemmConfig,
+    Int4Weight,
+    dequantize_int4,
+    int4_gemm,
+    int4_gemm_ref,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative Frobenius error allowed per activation dtype (fp32 accumulate in both).
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def random_weight(n: int, k: int, group_size: int, seed: int, perm: bool = False) -> Int4Weight:
+    """Random codes packed by hand here (low nibble first along K), random scales/offsets."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int64)
+    qweight = torch.zeros(n, k // 8, dtype=torch.int64)
+    for j in range(8):
+        qweight |= codes[:, j::8] << (4 * j)
+    qweight = torch.where(qweight >= 2**31, qweight - 2**32, qweight).to(torch.int32)
+    num_groups = k // group_size
+    scales = (torch.rand(num_groups, n, generator=gen) * 0.02 + 0.005).half()
+    offsets = (torch.randn(num_groups, n, generator=gen) * 0.1).half()
+    in_perm = torch.randperm(k, generator=gen) if perm else None
+    return Int4Weight(qweight, scales, offsets, group_size, in_perm).to(DEVICE)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype, what
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    err = (out.float() - ref.float()).norm() / ref.float().norm()
+    if err > TOLERANCE[dtype]:
+        idx = (out.float() - ref.float()).abs().argmax()
+        row, col = divmod(int(idx), out.shape[-1])
+        raise AssertionError(
+            f"{what}: relative error {err:.2e} > {TOLERANCE[dtype]:.0e}; "
+            f"worst at [{row}, {col}]: {out.flatten()[idx]} vs "
+            f"{ref.flatten()[idx]}"
+        )
+
+
+# (N, K, group_size): odd N, K a multiple of the group; group_size == K is per-channel.
+SHAPES = [(37, 96, 32), (45, 192, 64), (29, 384, 128), (23, 200, 200)]
+CONFIGS = [
+    ("auto", None),
+    ("gemv", Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=1)),
+    ("gemv-split", Int4GemmConfig("gemv", block_n=32, block_k=32, split_k=3)),
+    ("tiled", Int4GemmConfig("tiled", block_m=16, block_n=32, block_k=64, split_k=1)),
+    ("tiled-split", Int4GemmConfig("tiled", block_m=32, block_n=16, block_k=32, split_k=2)),
+    ("dequant", Int4GemmConfig("dequant")),
+]
+
+
+@pytest.mark.parametrize("n,k,group_size", SHAPES)
+@pytest.mark.parametrize("name,config", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_matches_reference(n, k, group_size, name, config):
+    weight = random_weight(n, k, group_size, seed=n * k)
+    rows = [1, 3] if name.startswith("gemv") else [1, 16, 37, 300]
+    for dtype in DTYPES:
+        for m in rows:
+            x = torch.randn(m, k, device=DEVICE).to(dtype)
+            out = int4_gemm(x, weight, config=config)
+            ref = int4_gemm_ref(x, weight)
+            assert_close(out, ref, dtype, f"{name} M={m} N={n} K={k} g={group_size} {dtype}")
+
+
+def test_act_order_bias_batch_dims_and_strided_rows():
+    weight = random_weight(41, 256, 64, seed=7, perm=True)
+    bias = torch.randn(41, device=DEVICE)
+    big = torch.randn(2, 5, 300, device=DEVICE)
+    x = big[..., :256]  # rows strided by 300, last dim contiguous
+    out = int4_gemm(x, weight, bias)
+    ref = int4_gemm_ref(x, weight, bias)
+    assert out.shape == (2, 5, 41)
+    assert_close(out, ref, torch.float32, "act-order + bias + 3-D")
+    # The reference itself: dequantize_int4 undoes the permutation.
+    dense = dequantize_int4(weight)
+    torch.testing.assert_close(ref, x @ dense.t() + bias, rtol=1e-5, atol=1e-4)
+
+
+def test_cat_and_narrow():
+    a, b = random_weight(24, 128, 32, seed=1), random_weight(40, 128, 32, seed=2)
+    fused = Int4Weight.cat_n([a, b])
+    dense = torch.cat([dequantize_int4(a), dequantize_int4(b)])
+    torch.testing.assert_close(dequantize_int4(fused), dense)
+    torch.testing.assert_close(dequantize_int4(fused.narrow_n(24, 40)), dense[24:])
+    torch.testing.assert_close(dequantize_int4(fused.narrow_k(32, 64)), dense[:, 32:96])
+    x = torch.randn(5, 128, device=DEVICE)
+    assert_close(int4_gemm(x, fused), x @ dense.t(), torch.float32, "fused")
+
+
+def test_bad_input_raises():
+    w = random_weight(16, 64, 32, seed=3)
+    with pytest.raises(ValueError, match="input features"):
+        int4_gemm(torch.randn(2, 32, device=DEVICE), w)
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        int4_gemm(torch.ones(2, 64, dtype=torch.int32, device=DEVICE), w)
+    with pytest.raises(ValueError, match="group_size"):
+        Int4Weight(w.qweight, w.scales, w.offsets, 48)
+    with pytest.raises(ValueError, match="multiples of group_size"):
+        w.narrow_k(16, 32)
+    with pytest.raises(ValueError, match="strategy"):
+        Int4GemmConfig("cutlass")
+    with pytest.raises(ValueError, match="equal K"):
+        Int4Weight.cat_n([w, random_weight(16, 128, 32, seed=4)])
