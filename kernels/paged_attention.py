@@ -28,22 +28,6 @@ _MAX_KV_SPLITS = 64
 
 
 @triton.jit
-def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
-    # Sequence s owns q blocks starting at query_start_loc[s] // BLOCK_Q + s (an upper bound
-    # on the blocks of the sequences before it); find the last s whose start <= q_block_idx.
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        if start_block <= q_block_idx:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
-
-
-@triton.jit
 def _attend_tile(
     acc,
     m_i,
@@ -168,7 +152,18 @@ def _paged_attention_kernel(
     q_block_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq = _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    # Sequence s owns the q blocks from query_start_loc[s] // BLOCK_Q + s on (an upper bound on
+    # the blocks of the sequences before it): binary-search the last s starting at or before
+    # this program's block. (Inline: the interpreter pays for every nested jit call.)
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
@@ -197,8 +192,8 @@ def _paged_attention_kernel(
     kv_lo = 0
     if HAS_WINDOW:
         kv_lo = tl.maximum(min_pos - sliding_window + 1, 0) // BLOCK_N * BLOCK_N
-    num_tiles = tl.cdiv(kv_hi - kv_lo, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    num_tiles = (kv_hi - kv_lo + BLOCK_N - 1) // BLOCK_N
+    tiles_per_split = (num_tiles + NUM_SPLITS - 1) // NUM_SPLITS
     tile_begin = tl.minimum(split * tiles_per_split, num_tiles)
     tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
     kv_begin = kv_lo + tile_begin * BLOCK_N
@@ -335,8 +330,9 @@ def _pick_tiles(
 ) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for one launch."""
     if device.type != "cuda":
-        # The CPU interpreter: small tiles so that short test contexts cross tile edges.
-        return max(16, group_pad), 16, 4, 1
+        # The CPU interpreter pays per program and per op: few query blocks, but KV tiles
+        # small enough that short test contexts cross several of them.
+        return max(32, group_pad), 16, 4, 1
     if max_query_len * group_pad <= 16 or max_query_len <= 4:
         block_n = 64 if head_dim_pad <= 128 else 32
         return max(16, group_pad), block_n, 4, 3

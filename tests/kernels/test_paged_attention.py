@@ -1,0 +1,214 @@
+"""paged_attention (Triton; interpreter on CPU) against paged_attention_ref, and the reference
+against a dense causal attention written here from the definition."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import (jit decoration)
+
+from kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (atol, rtol) per dtype: outputs are convex combinations of N(0, 1) value rows, computed in
+# fp32 in both; fp16 adds the rounding of the probabilities fed to the P @ V product.
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3e-2, 3e-2)}
+# (num_heads, num_kv_heads, head_dim): odd head counts, GQA ratios 1, 4 and 8, a group of 3.
+HEAD_SHAPES = [(3, 3, 64), (12, 3, 80), (16, 2, 128), (6, 2, 64)]
+DTYPES = [torch.float32, torch.float16]
+
+
+@dataclass
+class Batch:
+    """One step's attention inputs plus each sequence's dense (unpaged) K/V."""
+
+    query: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int
+    dense_keys: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim]
+    dense_values: list[torch.Tensor]
+
+    def args(self, scale: float, sliding_window: int | None = None) -> tuple:
+        return (
+            self.query, self.key_cache, self.value_cache, self.query_start_loc, self.seq_lens,
+            self.block_tables, scale, self.max_query_len, self.max_seq_len, sliding_window,
+        )  # fmt: skip
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_size: int = 16,
+    shared: tuple[int, int, int] | None = None,
+) -> Batch:
+    """Random batch of ``(seq_len, q_len)`` sequences in randomly placed cache blocks.
+
+    ``shared = (src, dst, num_blocks)``: ``dst`` reuses the first ``num_blocks`` physical blocks
+    of ``src`` (a cached prefix), so the two sequences see the same keys there. The whole cache
+    and the unused block-table entries hold random data, so a wrong read changes the result.
+    """
+    blocks_per_seq = [-(-seq_len // block_size) for seq_len, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + 3
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    free = torch.randperm(num_blocks).tolist()
+    max_blocks = max(blocks_per_seq) + 2
+    block_tables = torch.randint(0, num_blocks, (len(seqs), max_blocks), dtype=torch.int32)
+    dense_keys, dense_values = [], []
+    for i, ((seq_len, _), num_seq_blocks) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
+        num_reused = 0
+        if shared is not None and shared[1] == i:
+            num_reused = shared[2]
+            block_tables[i, :num_reused] = block_tables[shared[0], :num_reused]
+        for j in range(num_reused, num_seq_blocks):
+            block_tables[i, j] = free.pop()
+        table = block_tables[i, :num_seq_blocks].long()
+        dense_keys.append(key_cache[table].flatten(0, 1)[:seq_len])
+        dense_values.append(value_cache[table].flatten(0, 1)[:seq_len])
+    q_lens = [q_len for _, q_len in seqs]
+    query_start_loc = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    query = torch.randn(sum(q_lens), num_heads, head_dim).to(dtype)
+    seq_lens = torch.tensor([seq_len for seq_len, _ in seqs], dtype=torch.int32)
+    return Batch(
+        query.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE),
+        query_start_loc.to(DEVICE), seq_lens.to(DEVICE), block_tables.to(DEVICE),
+        max(q_lens), max(seq_len for seq_len, _ in seqs), dense_keys, dense_values,
+    )  # fmt: skip
+
+
+def dense_attention(batch: Batch, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Causal GQA attention in float64, one sequence and one query token at a time."""
+    query = batch.query.double().cpu()
+    out = torch.empty_like(query)
+    starts = batch.query_start_loc.tolist()
+    num_heads = query.shape[1]
+    for i, (keys, values) in enumerate(zip(batch.dense_keys, batch.dense_values, strict=True)):
+        group = num_heads // keys.shape[1]
+        keys = keys.double().cpu().repeat_interleave(group, dim=1)  # [seq_len, num_heads, d]
+        values = values.double().cpu().repeat_interleave(group, dim=1)
+        q_len = starts[i + 1] - starts[i]
+        for t in range(q_len):
+            pos = keys.shape[0] - q_len + t
+            lo = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
+            scores = torch.einsum("hd,khd->hk", query[starts[i] + t], keys[lo : pos + 1]) * scale
+            probs = torch.softmax(scores, dim=-1)
+            out[starts[i] + t] = torch.einsum("hk,khd->hd", probs, values[lo : pos + 1])
+    return out
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Elementwise |out - ref| <= atol + rtol |ref|; on failure name the worst [token, head, d]."""
+    atol, rtol = TOLERANCE[dtype]
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out64).all(), (
+        f"{what}: non-finite values at {(~torch.isfinite(out64)).nonzero()[:5].tolist()}"
+    )  # noqa: E501
+    bad = (out64 - ref64).abs() > atol + rtol * ref64.abs()
+    if bad.any():
+        worst = int((out64 - ref64).abs().argmax())
+        index = [int(i) for i in torch.unravel_index(torch.tensor(worst), out.shape)]
+        got, want = float(out64.flatten()[worst]), float(ref64.flatten()[worst])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} elements off (atol {atol}, rtol {rtol});"
+            f" first bad [token, head, d] {bad.nonzero()[:4].tolist()}; worst at "
+            f"{index}: {got:.6f} vs {want:.6f}"
+        )
+
+
+def check_against_reference(batch: Batch, dtype: torch.dtype, what: str, **kwargs) -> None:
+    scale = batch.query.shape[-1] ** -0.5
+    window = kwargs.pop("sliding_window", None)
+    ref = paged_attention_ref(*batch.args(scale, window))
+    out = paged_attention(*batch.args(scale, window), **kwargs)
+    assert_close(out, ref, dtype, what)
+
+
+# Prefill with an empty prefix, an extend over a 34-token prefix, decodes at 50, 1 and 32
+# positions, and a decode sharing the extend's first two (prefix-cached) blocks.
+MIXED_SEQS = [(21, 21), (45, 11), (50, 1), (1, 1), (32, 1), (40, 1)]
+MIXED_SHARED = (1, 5, 2)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads", HEAD_SHAPES, ids=lambda h: "h{}-kv{}-d{}".format(*h))
+def test_mixed_batch(heads, dtype, num_kv_splits):
+    batch = make_batch(MIXED_SEQS, *heads, dtype, shared=MIXED_SHARED)
+    check_against_reference(batch, dtype, f"{heads} {dtype}", num_kv_splits=num_kv_splits)
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sliding_window(dtype, num_kv_splits):
+    batch = make_batch([(30, 30), (53, 9), (70, 1), (5, 1)], 8, 2, 64, dtype)
+    check_against_reference(
+        batch, dtype, f"window 13 {dtype}", sliding_window=13, num_kv_splits=num_kv_splits
+    )
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_other_block_sizes(block_size):
+    batch = make_batch([(37, 37), (70, 5), (33, 1)], 4, 1, 64, torch.float16, block_size)
+    check_against_reference(batch, torch.float16, f"block_size {block_size}")
+
+
+@pytest.mark.parametrize("num_kv_splits", [None, 1, 8])
+def test_decode_only(num_kv_splits):
+    # 8 splits of 1 to 7 tiles: some splits see no key at all and must weigh nothing.
+    batch = make_batch([(1, 1), (17, 1), (100, 1), (64, 1), (23, 1)], 8, 2, 64, torch.float32)
+    check_against_reference(batch, torch.float32, f"decode splits {num_kv_splits}",
+                            num_kv_splits=num_kv_splits)  # fmt: skip
+
+
+def test_strided_query_and_out():
+    """query viewed out of a fused QKV buffer; the result written into a slice of a buffer."""
+    batch = make_batch([(19, 19), (40, 3), (26, 1)], 6, 2, 80, torch.float16)
+    num_tokens, num_heads, head_dim = batch.query.shape
+    qkv = torch.randn(num_tokens, (num_heads + 4) * head_dim, device=DEVICE).half()
+    query = qkv[:, : num_heads * head_dim].unflatten(-1, (num_heads, head_dim))
+    query.copy_(batch.query)
+    assert not query.is_contiguous()
+    buffer = torch.randn(num_tokens, num_heads + 1, head_dim, device=DEVICE).half()
+    before = buffer.clone()
+    out = buffer[:, 1:]
+    scale = head_dim**-0.5
+    args = list(batch.args(scale))
+    args[0] = query
+    result = paged_attention(*args, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(buffer[:, 0], before[:, 0]), "wrote outside out"
+    assert_close(out, paged_attention_ref(*batch.args(scale)), torch.float16, "strided")
+
+
+@pytest.mark.parametrize("sliding_window", [None, 7])
+def test_reference_matches_dense_attention(sliding_window):
+    batch = make_batch(MIXED_SEQS, 12, 3, 80, torch.float32, shared=MIXED_SHARED)
+    scale = 0.1
+    ref = paged_attention_ref(*batch.args(scale, sliding_window))
+    assert_close(ref, dense_attention(batch, scale, sliding_window), torch.float32, "reference")
+
+
+def test_rejects_bad_input():
+    batch = make_batch([(5, 5)], 4, 2, 64, torch.float32)
+    args = list(batch.args(0.125))
+    with pytest.raises(ValueError, match="one dtype"):
+        paged_attention(batch.query.half(), *args[1:])
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        paged_attention(batch.query[:, :3], *args[1:])
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_attention(*args[:3], batch.query_start_loc[:1], *args[4:])
+    with pytest.raises(ValueError, match="sliding_window"):
+        paged_attention(*args[:9], 0)
