@@ -5,8 +5,8 @@ into the token ids, ``prefix_offset`` (where the decoding window starts, a few t
 context so that decoders which strip or merge at the start of a text behave as in a full
 decode) and ``read_offset`` (where the text already emitted ends). Each update decodes
 ``ids[prefix_offset:read_offset]`` and ``ids[prefix_offset:]``; the difference is the new text.
-When that text ends in U+FFFD (a multi-byte character cut in the middle by a token boundary) it
-is held back until a later token completes it.
+When that text ends in U+FFFD (a multi-byte character cut in the middle by a token boundary),
+the cut character is held back until a later token completes it; the text before it goes out.
 """
 
 from __future__ import annotations
@@ -38,15 +38,17 @@ class IncrementalDetokenizer:
         self._token_ids = context
         self._prefix_offset = 0
         self._read_offset = len(context)
+        self._num_window_chars = 0  # chars emitted past ``_read_offset`` (before a cut char)
         self._token_text_cache: dict[int, str] = {}
 
     def update(self, new_token_ids: list[int], check_stop: bool = True) -> str | None:
         """Append ``new_token_ids`` and extend ``output_text``.
 
         If ``check_stop`` and a stop string of ``params.stop`` now appears in ``output_text``
-        (including across token boundaries; not before ``params.min_tokens`` outputs), cuts
-        ``output_text`` at the earliest match (keeping the stop string only with
-        ``include_stop_str_in_output``) and returns that stop string; else returns None.
+        (also across token boundaries), cuts ``output_text`` at the match that starts first
+        (the shorter one on a tie), keeping the stop string only with
+        ``include_stop_str_in_output``, and returns that stop string; else returns None. The
+        caller decides when stop strings count (``check_stop=False`` before ``min_tokens``).
         """
         if not new_token_ids:
             return None
@@ -57,25 +59,32 @@ class IncrementalDetokenizer:
         self.num_output_tokens += len(new_token_ids)
         if not check_stop or not self.params.stop:
             return None
-        if self.num_output_tokens <= self.params.min_tokens:
-            return None
         return self._check_stop_strings(num_chars_before)
 
     def _next_text(self) -> str:
-        """Text completed by the last appended token ('' while a character is incomplete)."""
+        """Text completed by the last appended token.
+
+        Characters still incomplete (the decode ends in U+FFFD) are held back; the complete
+        text before them is emitted, counted in ``_num_window_chars`` until the window moves.
+        """
         ids = self._token_ids
-        decode = self.tokenizer.decode
-        prefix_text = decode(
-            ids[self._prefix_offset : self._read_offset],
-            skip_special_tokens=self.skip_special_tokens,
+        skip = self.skip_special_tokens
+        prefix_text = self.tokenizer.decode(
+            ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip
         )
-        new_text = decode(ids[self._prefix_offset :], skip_special_tokens=self.skip_special_tokens)
-        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
-            # Nothing new yet, or the text ends in the middle of a multi-byte character.
-            return ""
-        delta = new_text[len(prefix_text) :]
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(ids)
+        new_text = self.tokenizer.decode(ids[self._prefix_offset :], skip_special_tokens=skip)
+        is_incomplete = new_text.endswith(_REPLACEMENT_CHAR)
+        if is_incomplete:
+            new_text = new_text.rstrip(_REPLACEMENT_CHAR)
+        num_done = len(prefix_text) + self._num_window_chars
+        delta = new_text[num_done:] if len(new_text) > num_done else ""
+        if is_incomplete:
+            self._num_window_chars += len(delta)
+        elif len(new_text) > len(prefix_text):
+            # Everything decoded is complete: the window moves on.
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(ids)
+            self._num_window_chars = 0
         return delta
 
     def _check_stop_strings(self, num_chars_before: int) -> str | None:

@@ -9,7 +9,7 @@ vector per row, so a seeded row's sample depends only on its own generator and l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,14 +37,19 @@ class SamplerOutput:
 class Sampler:
     """Samples the next token of every row of a batch of logits.
 
-    ``seed`` seeds the generator shared by unseeded rows (random when None). Requests with
+    ``seed`` seeds the generator shared by unseeded rows (random when None). While a request
+    has fewer than ``min_tokens`` outputs, its ``eos_token_id``, ``eos_token_ids`` (every id
+    that ends a generation) and its stop token ids are masked. Requests with
     ``sampling_params.seed`` get their own ``torch.Generator`` on ``device``, created on first
     use and stored in ``request.generator`` (seeded with ``seed + request.index`` so that the
     ``n`` sequences of one seeded request differ); that is the only change made to a request.
     """
 
-    def __init__(self, device: torch.device | str, seed: int | None = None) -> None:
+    def __init__(
+        self, device: torch.device | str, seed: int | None = None, eos_token_ids: Iterable[int] = ()
+    ) -> None:
         self.device = torch.device(device)
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()
@@ -111,7 +116,7 @@ class Sampler:
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
 
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
-        """Forbid EOS and the stop token ids while a row has fewer than ``min_tokens`` outputs."""
+        """Mask the EOS ids and stop token ids of rows with fewer than ``min_tokens`` outputs."""
         vocab_size = logits.shape[1]
         rows: list[int] = []
         cols: list[int] = []
@@ -119,7 +124,7 @@ class Sampler:
             params = request.sampling_params
             if len(request.output_token_ids) >= params.min_tokens:
                 continue
-            banned = set(params.stop_token_ids)
+            banned = set(params.stop_token_ids) | self.eos_token_ids
             if request.eos_token_id is not None:
                 banned.add(request.eos_token_id)
             for token_id in banned:

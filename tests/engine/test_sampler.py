@@ -240,6 +240,16 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached():
     assert out.sampled_token_ids == [12, 12, EOS, 30]
 
 
+def test_min_tokens_masks_every_eos_id_given_to_the_sampler():
+    sampler = Sampler("cpu", seed=0, eos_token_ids=[EOS, 40])
+    logits = torch.zeros(2, VOCAB_SIZE)
+    logits[:, 40] = 50.0  # a second EOS id (e.g. from generation_config)
+    logits[:, 12] = 10.0
+    params = SamplingParams(temperature=0, min_tokens=2)
+    out = sampler(logits, [make_request(params, output=[1]), make_request(params, output=[1, 2])])
+    assert out.sampled_token_ids == [12, 40]
+
+
 def test_logprobs_are_raw_log_softmax_with_ranks():
     sampler = Sampler("cpu", seed=0)
     logits = random_logits(4, seed=8)
