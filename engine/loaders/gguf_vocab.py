@@ -119,6 +119,13 @@ def _merges(reader: gguf.GGUFReader, tokens: list[str], scores: list[float] | No
     return [(left, right) for *_, left, right in ranked]
 
 
+def _bpe(**kwargs: Any) -> models.BPE:
+    try:
+        return models.BPE(**kwargs)
+    except Exception as exc:  # tokenizers raises a bare Exception for a bad vocabulary
+        raise ValueError(f"the GGUF vocabulary is inconsistent: {exc}") from exc
+
+
 def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizers.Tokenizer:
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
@@ -128,7 +135,7 @@ def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizer
         else "".join(spelling[byte] for byte in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
-    model = models.BPE(
+    model = _bpe(
         vocab=vocab,
         merges=_merges(reader, tokens, None),
         continuing_subword_prefix="",
@@ -145,7 +152,7 @@ def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizer
 def _sentencepiece_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizers.Tokenizer:
     scores = gguf_value(reader, "tokenizer.ggml.scores")
     unk_id = gguf_value(reader, "tokenizer.ggml.unknown_token_id")
-    model = models.BPE(
+    model = _bpe(
         vocab={token: index for index, token in enumerate(tokens)},
         merges=_merges(reader, tokens, scores),
         unk_token=tokens[unk_id] if unk_id is not None else None,
