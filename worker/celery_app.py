@@ -1,0 +1,121 @@
+"""The worker's Celery app: JSON only, late acks, prefetch 1, threads pool, soft shutdown.
+
+The engine is loaded once per process in ``worker_init`` (before any message is taken);
+the lane controller attaches when the consumer is ready; a shutdown starts the soft-shutdown
+clock after which running chunks are handed back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, signals
+from celery.schedules import crontab
+from celery.worker.consumer import Consumer
+
+from producer.broker import celery_config
+from producer.jobs import WARMUP_TASK
+from producer.queues import queue_name
+from worker.dead_letters import dead_letter
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
+from worker.tasks import register_tasks
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: WorkerSettings) -> tuple[Celery, WorkerRuntime]:
+    """A configured Celery app and the (not yet started) runtime its tasks use."""
+    rt = WorkerRuntime(settings)
+    app = Celery("tidal", set_as_current=True)
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": settings.unacked_restore_interval_s,
+        "unacked_restore_throttle": settings.unacked_restore_throttle,
+    }
+    app.conf.update(celery_config(settings, **transport))
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        worker_pool="threads",
+        worker_concurrency=settings.concurrency,
+        worker_soft_shutdown_timeout=settings.soft_shutdown_timeout_s,
+        worker_enable_soft_shutdown_on_idle=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
+        worker_send_task_events=False,
+        worker_hijack_root_logger=False,
+        worker_consumer=_dead_lettering_consumer(rt),
+        beat_schedule=beat_schedule(settings),
+    )
+    register_tasks(app, rt)
+    _connect_signals(app, rt)
+    return app, rt
+
+
+def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
+    """Warm-up on ``warmup_cron`` (on the high lane, dropped if older than the expiry)."""
+    if not settings.warmup_cron:
+        return {}
+    fields = settings.warmup_cron.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"warmup_cron must have 5 fields 'minute hour day month weekday', "
+            f"got {settings.warmup_cron!r}"
+        )
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    return {
+        "tidal-warmup": {
+            "task": WARMUP_TASK,
+            "schedule": crontab(minute, hour, day_of_week, day_of_month, month_of_year),
+            "options": {
+                "queue": queue_name("high", settings.queue_prefix),
+                "expires": settings.warmup_expires_s,
+            },
+        }
+    }
+
+
+def _dead_lettering_consumer(rt: WorkerRuntime) -> type[Consumer]:
+    class DeadLetteringConsumer(Consumer):
+        """Celery acks undecodable messages and drops them; record them first."""
+
+        def on_decode_error(self, message: Any, exc: Exception) -> None:
+            dead_letter(rt.redis, rt.settings.queue_prefix, "undecodable", repr(exc),
+                        message.body, storage=None)  # fmt: skip
+            super().on_decode_error(message, exc)
+
+    return DeadLetteringConsumer
+
+
+def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
+    def on_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        try:
+            rt.start()
+        except Exception as exc:  # no engine, no worker: exit so the pod restarts visibly
+            logger.critical("cannot start the engine: %s: %s", type(exc).__name__, exc)
+            raise SystemExit(1) from None
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        queues = {q.name for q in app.amqp.queues.consume_from.values()}
+        normal = queue_name("normal", rt.settings.queue_prefix)
+        rt.lanes.attach(app, sender.hostname, consumes_normal=normal in queues)
+        rt.metrics.worker_ready.set(1)
+
+    def on_shutting_down(**_: Any) -> None:
+        rt.metrics.worker_ready.set(0)
+        rt.lanes.stop()
+        # Leave a second to hand chunks back before Celery's cold shutdown restores messages.
+        rt.abandon_after(max(0.0, rt.settings.soft_shutdown_timeout_s - 1.0))
+
+    signals.worker_init.connect(on_init, weak=False)
+    signals.worker_ready.connect(on_ready, weak=False)
+    signals.worker_shutting_down.connect(on_shutting_down, weak=False)

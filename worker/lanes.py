@@ -1,0 +1,100 @@
+"""Lane flow control: the high lane is always consumed; the normal lane pauses when full.
+
+"Full" means the normal chunks running here reached their limit (one thread is kept for the
+high lane) or the engine's backlog of unfinished requests reached its limit. Pausing uses
+Celery's own ``cancel_consumer`` / ``add_consumer`` control commands addressed to this worker,
+so the change runs on the consumer's thread. A normal chunk that slips in before the pause
+takes effect is handed back to the front of its queue (``should_hand_back``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class LaneController:
+    """Counts chunks per lane and pauses / resumes consuming the normal queue."""
+
+    def __init__(
+        self,
+        normal_queue: str,
+        normal_limit: int,
+        backlog_limit: int,
+        engine_backlog: Callable[[], int],
+        interval_s: float = 0.2,
+    ) -> None:
+        self.normal_queue = normal_queue
+        self.normal_limit = normal_limit
+        self.backlog_limit = backlog_limit
+        self.engine_backlog = engine_backlog
+        self.interval_s = interval_s
+        self.in_flight: dict[str, str] = {}  # task id -> lane
+        self.is_normal_paused = False
+        self._lock = threading.Lock()
+        self._control: Callable[[str, str], None] | None = None
+        self._consumes_normal = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, app: Any, hostname: str, consumes_normal: bool) -> None:
+        """Start steering this worker's consumer (called once it is ready)."""
+
+        def control(command: str, queue: str) -> None:
+            getattr(app.control, command)(queue, destination=[hostname], reply=False)
+
+        self._control = control
+        self._consumes_normal = consumes_normal
+        self._thread = threading.Thread(target=self._watch, name="tidal-lanes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def num_normal(self) -> int:
+        with self._lock:
+            return sum(1 for lane in self.in_flight.values() if lane == "normal")
+
+    def is_full(self) -> bool:
+        return self.num_normal() >= self.normal_limit or self.engine_backlog() >= self.backlog_limit
+
+    def should_hand_back(self, lane: str) -> bool:
+        """True for a normal chunk arriving while normal chunks are already at their limit."""
+        return lane == "normal" and self.num_normal() >= self.normal_limit
+
+    def started(self, task_id: str, lane: str) -> None:
+        with self._lock:
+            self.in_flight[task_id] = lane
+        self.check()
+
+    def finished(self, task_id: str) -> None:
+        with self._lock:
+            self.in_flight.pop(task_id, None)
+        self.check()
+
+    def check(self) -> None:
+        """Pause or resume the normal lane to match the current load."""
+        if self._control is None or not self._consumes_normal:
+            return
+        is_full = self.is_full()
+        with self._lock:
+            if is_full == self.is_normal_paused:
+                return
+            self.is_normal_paused = is_full
+        command = "cancel_consumer" if is_full else "add_consumer"
+        logger.info("%s %s (normal chunks %d, engine backlog %d)", command, self.normal_queue,
+                    self.num_normal(), self.engine_backlog())  # fmt: skip
+        try:
+            self._control(command, self.normal_queue)
+        except Exception as exc:  # the broker may be restarting; the watcher tries again
+            logger.warning("lane control %s failed: %s", command, exc)
+            with self._lock:
+                self.is_normal_paused = not is_full
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.check()
