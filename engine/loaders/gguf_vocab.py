@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import gguf
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 from engine.loaders.gguf_meta import gguf_value, open_gguf
 
@@ -107,16 +107,20 @@ def _merges(reader: gguf.GGUFReader, tokens: list[str], scores: list[float] | No
     if scores is None:
         raise ValueError("the GGUF vocabulary has neither merges nor scores to derive them from")
     # SentencePiece BPE without merges: every split of a token into two vocabulary tokens is a
-    # merge, ranked by the merged token's score (higher merges first), as transformers does.
+    # merge, the merged token's score ranks it (then longer left, longer right pieces first):
+    # transformers' generate_merges, whose order decides ties between equal scores.
     vocab = {token: index for index, token in enumerate(tokens)}
     ranked = []
-    for token, score in zip(tokens, scores, strict=True):
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                ranked.append((-score, vocab[left], vocab[right], left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
+    for token, score in dict(zip(tokens, scores, strict=True)).items():
+        local = [
+            (token[:cut], token[cut:], score)
+            for cut in range(1, len(token))
+            if token[:cut] in vocab and token[cut:] in vocab
+        ]
+        local.sort(key=lambda merge: (vocab[merge[0]], vocab[merge[1]]))
+        ranked.extend(local)
+    ranked.sort(key=lambda merge: (merge[2], len(merge[0]), len(merge[1])), reverse=True)
+    return [(left, right) for left, right, _ in ranked]
 
 
 def _bpe(**kwargs: Any) -> models.BPE:
@@ -150,19 +154,18 @@ def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizer
 
 
 def _sentencepiece_backend(reader: gguf.GGUFReader, tokens: list[str]) -> tokenizers.Tokenizer:
-    scores = gguf_value(reader, "tokenizer.ggml.scores")
-    unk_id = gguf_value(reader, "tokenizer.ggml.unknown_token_id")
+    """SentencePiece BPE as transformers' LlamaTokenizer (legacy=False) builds it."""
     model = _bpe(
         vocab={token: index for index, token in enumerate(tokens)},
-        merges=_merges(reader, tokens, scores),
-        unk_token=tokens[unk_id] if unk_id is not None else None,
+        merges=_merges(reader, tokens, gguf_value(reader, "tokenizer.ggml.scores")),
         fuse_unk=True,
         byte_fallback=True,
     )
     backend = tokenizers.Tokenizer(model)
     add_space_prefix = gguf_value(reader, "tokenizer.ggml.add_space_prefix", True)
-    steps = [normalizers.Prepend("▁")] if add_space_prefix else []
-    backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if add_space_prefix else "never", split=False
+    )
     strip = [decoders.Strip(" ", 1, 0)] if add_space_prefix else []
     backend.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
@@ -219,6 +222,10 @@ def tokenizer_from_gguf(cls: type[Tokenizer], reader_or_path: Any) -> Tokenizer:
         return tokens[token_id] if token_id is not None else None
 
     bos_token, eos_token = token("bos_token_id"), token("eos_token_id")
+    pad_token, unk_token = token("padding_token_id"), token("unknown_token_id")
+    # The named special tokens are special even where the file types them otherwise (<unk>).
+    named = [name for name in (bos_token, eos_token, pad_token, unk_token) if name is not None]
+    backend.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in named])
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
     add_bos = gguf_value(reader, "tokenizer.ggml.add_bos_token", vocab_kind == "llama")
     add_eos = gguf_value(reader, "tokenizer.ggml.add_eos_token", False)
@@ -235,8 +242,8 @@ def tokenizer_from_gguf(cls: type[Tokenizer], reader_or_path: Any) -> Tokenizer:
         backend,
         bos_token=bos_token,
         eos_token=eos_token,
-        pad_token=token("padding_token_id"),
-        unk_token=token("unknown_token_id"),
+        pad_token=pad_token,
+        unk_token=unk_token,
         extra_eos_token_ids=extra_eos,
         chat_template=gguf_value(reader, "tokenizer.chat_template"),
     )

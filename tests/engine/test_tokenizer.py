@@ -198,3 +198,71 @@ def test_missing_tokenizer_json_raises(tmp_path):
 def test_encode_rejects_non_text(ours):
     with pytest.raises(ValueError, match="str"):
         ours.encode([1, 2, 3])
+
+
+# a SentencePiece ("llama") GGUF vocabulary -------------------------------------------------------
+
+SPM_PIECES = [
+    "▁", "e", "t", "h", "a", "o", "l", "n", "i", "s", "r", "d", "w", "中", "▁t", "he", "▁the",
+    "▁a", "in", "ll", "llo", "▁he", "▁hello", "er", "▁w", "or", "▁wor", "ld", "▁world", "▁in",
+    "ing", "▁s", "▁sh", "▁中", "▁▁", "▁▁▁▁", "an", "▁an", "▁and", "re", "▁re", "es", "st",
+]  # fmt: skip
+SPM_TEXTS = [
+    "hello world",
+    "the world and the shell in a wording",
+    "  two leading spaces and    runs",
+    "Uppercase Hello, punctuation! ünïcode 中文 😀",
+    "new\nlines\n\nand\ttabs",
+    "<s>hello</s> world <ctrl> and <user>",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def spm_gguf(tmp_path_factory):
+    """A GGUF holding only a SentencePiece vocabulary: control, byte, normal, user tokens."""
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{byte:02X}>" for byte in range(256)]]
+    types = [2, 3, 3, *[6] * 256]
+    tokens += SPM_PIECES + ["<ctrl>", "<user>"]
+    types += [1] * len(SPM_PIECES) + [3, 4]
+    scores = [0.0] * 259 + [-float(i) for i in range(len(SPM_PIECES))] + [0.0, 0.0]
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_sentencepiece_gguf_matches_transformers(spm_gguf):
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(spm_gguf.parent), gguf_file=spm_gguf.name)
+    ours = Tokenizer.from_gguf(spm_gguf)
+    assert ours.bos_token_id == reference.bos_token_id == 1
+    assert ours.unk_token_id == reference.unk_token_id == 0
+    for text in SPM_TEXTS:
+        for add_special_tokens in (True, False):
+            expected = reference.encode(text, add_special_tokens=add_special_tokens)
+            assert ours.encode(text, add_special_tokens=add_special_tokens) == expected, text
+        ids = reference.encode(text)
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(
+                ids, skip_special_tokens=skip
+            ), (text, skip)
+    # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+    assert ours.encode("hello")[0] == 1
+    assert ours.convert_ids_to_tokens(ours.encode("hello world", add_special_tokens=False)) == [
+        "▁hello",
+        "▁world",
+    ]
