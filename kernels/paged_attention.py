@@ -412,17 +412,42 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    group = num_heads // num_kv_heads
-    group_pad = _next_pow2(group)
-    head_dim_pad = max(16, _next_pow2(head_dim))
-    block_m, block_n, num_warps, num_stages = _pick_tiles(
-        query.device, max_query_len, group_pad, head_dim_pad
-    )
-    block_q = block_m // group_pad
+    group_pad = _next_pow2(num_heads // num_kv_heads)
+    tiles = _pick_tiles(query.device, max_query_len, group_pad, max(16, _next_pow2(head_dim)))
     if num_kv_splits is None:
         num_kv_splits = default_num_kv_splits(
             num_seqs, num_kv_heads, max_query_len, max_seq_len, query.device
         )
+    return _launch(
+        query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,
+        sliding_window, out, num_kv_splits, *tiles,
+    )  # fmt: skip
+
+
+def _launch(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    num_kv_splits: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    """Launch with explicit tiles on checked inputs (benchmarks sweep tiles through this)."""
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    num_seqs = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    group_pad = _next_pow2(group)
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    block_q = block_m // group_pad
     if num_kv_splits > 1:
         part_out = torch.empty(
             (num_tokens, num_heads, num_kv_splits, head_dim_pad),

@@ -1,0 +1,218 @@
+"""Paged attention on the GPU against ceilings measured in the same run and torch SDPA.
+
+Llama-3-8B attention heads (32 query, 8 KV, head size 128), bf16, block size 16, blocks
+placed in random order in the cache.
+
+- decode, batch 1/16/64/256 x context 512/2048/8192: time, KV bytes read / time as a fraction
+  of the device-to-device copy bandwidth, and SDPA on contiguous K/V of the same size;
+- prefill, 8 x 2048 and 1 x 8192 causal: TFLOP/s against the bf16 8192^3 matmul rate, and
+  SDPA's flash backend on the same shapes.
+
+Each case also checks our output against SDPA's. ``--sweep`` adds a tile/split sweep (decode
+at context 8192 and at batch 64 x 2048, prefill at both shapes).
+
+    python benchmarks/bench_attention.py [--sweep] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kernels.paged_attention import _launch, default_num_kv_splits, paged_attention
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+DTYPE = torch.bfloat16
+SCALE = HEAD_DIM**-0.5
+
+
+def bench_ms(fn) -> float:
+    """Median time of ``fn`` in ms (CUDA events; L2 flushed before each call)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    src = torch.randn(2**29, device="cuda", dtype=DTYPE)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
+    b = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
+    ms = bench_ms(lambda: a @ b)
+    return 2 * 8192**3 / (ms * 1e-3)
+
+
+def paged_batch(batch: int, seq_len: int, q_len: int):
+    """Random paged cache and metadata for ``batch`` sequences of equal length."""
+    blocks_per_seq = -(-seq_len // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    key_cache = torch.randn(shape, device="cuda", dtype=DTYPE)
+    value_cache = torch.randn(shape, device="cuda", dtype=DTYPE)
+    block_tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+    block_tables = block_tables.view(batch, blocks_per_seq)
+    seq_lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
+    query_start_loc = torch.arange(0, batch * q_len + 1, q_len, device="cuda", dtype=torch.int32)
+    query = torch.randn(batch * q_len, NUM_HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
+    return query, key_cache, value_cache, query_start_loc, seq_lens, block_tables
+
+
+def contiguous_kv(cache: torch.Tensor, block_tables: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[batch, num_kv_heads, seq_len, head_dim] copy of the paged cache, for SDPA."""
+    batch = block_tables.shape[0]
+    dense = cache[block_tables.long()].view(batch, -1, NUM_KV_HEADS, HEAD_DIM)[:, :seq_len]
+    return dense.transpose(1, 2).contiguous()
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) -> dict:
+    query, key_cache, value_cache, qsl, seq_lens, tables = paged_batch(batch, seq_len, 1)
+    args = (query, key_cache, value_cache, qsl, seq_lens, tables, SCALE, 1, seq_len)
+    out = torch.empty_like(query)
+    ours_ms = bench_ms(lambda: paged_attention(*args, out=out))
+    k = contiguous_kv(key_cache, tables, seq_len)
+    v = contiguous_kv(value_cache, tables, seq_len)
+    q = query.view(batch, NUM_HEADS, 1, HEAD_DIM)
+    sdpa_ms = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    sdpa_out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).view_as(query)
+    kv_bytes = 2 * batch * seq_len * NUM_KV_HEADS * HEAD_DIM * key_cache.element_size()
+    row = {
+        "batch": batch,
+        "seq_len": seq_len,
+        "num_kv_splits": default_num_kv_splits(batch, NUM_KV_HEADS, 1, seq_len, query.device),
+        "ours_us": ours_ms * 1e3,
+        "sdpa_us": sdpa_ms * 1e3,
+        "ours_frac_copy": kv_bytes / (ours_ms * 1e-3) / copy_bytes_per_s,
+        "sdpa_frac_copy": kv_bytes / (sdpa_ms * 1e-3) / copy_bytes_per_s,
+        "ours_over_sdpa": ours_ms / sdpa_ms,
+        "max_diff_vs_sdpa": max_diff(out, sdpa_out),
+    }
+    if sweep:
+        row["sweep"] = {}
+        for tiles in [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 128, 8, 3),
+                      (16, 32, 4, 4), (16, 64, 2, 3), (16, 128, 4, 2)]:  # fmt: skip
+            fn = lambda t=tiles: _launch(*args[:7], None, out, row["num_kv_splits"], *t)  # noqa: E731
+            row["sweep"][f"tiles{tiles}"] = bench_ms(fn) * 1e3
+        for splits in [1, 2, 4, 8, 16, 32, 64]:
+            fn = lambda s=splits: _launch(*args[:7], None, out, s, 16, 64, 4, 3)  # noqa: E731
+            row["sweep"][f"splits{splits}"] = bench_ms(fn) * 1e3
+    return row
+
+
+def prefill_case(batch: int, seq_len: int, matmul_flops_per_s: float, sweep: bool) -> dict:
+    query, key_cache, value_cache, qsl, seq_lens, tables = paged_batch(batch, seq_len, seq_len)
+    args = (query, key_cache, value_cache, qsl, seq_lens, tables, SCALE, seq_len, seq_len)
+    out = torch.empty_like(query)
+    ours_ms = bench_ms(lambda: paged_attention(*args, out=out))
+    k = contiguous_kv(key_cache, tables, seq_len)
+    v = contiguous_kv(value_cache, tables, seq_len)
+    q = query.view(batch, seq_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    peer = "flash, enable_gqa"
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    except RuntimeError:  # flash without native GQA: give it K/V repeated per query head
+        peer = "flash, K/V repeated to 32 heads"
+        k = k.repeat_interleave(NUM_HEADS // NUM_KV_HEADS, dim=1)
+        v = v.repeat_interleave(NUM_HEADS // NUM_KV_HEADS, dim=1)
+    gqa = k.shape[1] != NUM_HEADS
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+    sdpa_ms = bench_ms(sdpa)
+    sdpa_out = sdpa().transpose(1, 2).reshape_as(query)
+    flops = 4 * batch * NUM_HEADS * HEAD_DIM * seq_len * seq_len / 2  # causal: half of QK^T, PV
+    row = {
+        "batch": batch,
+        "seq_len": seq_len,
+        "sdpa_peer": peer,
+        "ours_ms": ours_ms,
+        "sdpa_ms": sdpa_ms,
+        "ours_tflops": flops / (ours_ms * 1e-3) / 1e12,
+        "sdpa_tflops": flops / (sdpa_ms * 1e-3) / 1e12,
+        "ours_frac_matmul": flops / (ours_ms * 1e-3) / matmul_flops_per_s,
+        "sdpa_frac_matmul": flops / (sdpa_ms * 1e-3) / matmul_flops_per_s,
+        "sdpa_over_ours": sdpa_ms / ours_ms,
+        "max_diff_vs_sdpa": max_diff(out, sdpa_out),
+    }
+    if sweep:
+        row["sweep"] = {}
+        for tiles in [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
+                      (128, 32, 8, 4), (64, 128, 4, 3), (128, 64, 8, 4)]:  # fmt: skip
+            fn = lambda t=tiles: _launch(*args[:7], None, out, 1, *t)  # noqa: E731
+            try:
+                row["sweep"][f"tiles{tiles}"] = bench_ms(fn)
+            except Exception as exc:  # a tile that does not fit shared memory, say
+                row["sweep"][f"tiles{tiles}"] = f"failed: {type(exc).__name__}"
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", action="store_true", help="also sweep tiles and splits")
+    parser.add_argument("--out", help="write all results as JSON here")
+    options = parser.parse_args()
+    torch.manual_seed(0)
+    started = time.time()
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bytes_per_s": copy_bandwidth(),
+        "matmul_flops_per_s": matmul_rate(),
+    }
+    print(f"{results['device']}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"copy {results['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+          f"bf16 matmul {results['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")  # fmt: skip
+    results["decode"] = []
+    print("\ndecode  batch  ctx  splits  ours_us  sdpa_us  ours/sdpa  ours%copy  sdpa%copy  diff")
+    for batch in (1, 16, 64, 256):
+        for seq_len in (512, 2048, 8192):
+            sweep = options.sweep and (seq_len == 8192 or (batch, seq_len) == (64, 2048))
+            r = decode_case(batch, seq_len, results["copy_bytes_per_s"], sweep)
+            results["decode"].append(r)
+            print(f"{batch:12d} {seq_len:5d} {r['num_kv_splits']:6d} {r['ours_us']:8.1f} "
+                  f"{r['sdpa_us']:8.1f} {r['ours_over_sdpa']:9.2f} "
+                  f"{100 * r['ours_frac_copy']:9.0f}% {100 * r['sdpa_frac_copy']:9.0f}% "
+                  f"{r['max_diff_vs_sdpa']:.3f}")  # fmt: skip
+            if "sweep" in r:
+                print(
+                    "    sweep (us):", json.dumps({k: round(v, 1) for k, v in r["sweep"].items()})
+                )
+            torch.cuda.empty_cache()
+    results["prefill"] = []
+    print("\nprefill batch x len  ours_ms  sdpa_ms  ours_TF  sdpa_TF  sdpa/ours  ours%mm  diff")
+    for batch, seq_len in ((8, 2048), (1, 8192)):
+        r = prefill_case(batch, seq_len, results["matmul_flops_per_s"], options.sweep)
+        results["prefill"].append(r)
+        print(f"{batch:9d} x {seq_len:4d} {r['ours_ms']:8.3f} {r['sdpa_ms']:8.3f} "
+              f"{r['ours_tflops']:8.0f} {r['sdpa_tflops']:8.0f} {r['sdpa_over_ours']:9.2f} "
+              f"{100 * r['ours_frac_matmul']:7.0f}% {r['max_diff_vs_sdpa']:.3f}  "
+              f"({r['sdpa_peer']})")  # fmt: skip
+        if "sweep" in r:
+            print("    sweep (ms):", json.dumps(r["sweep"]))
+        torch.cuda.empty_cache()
+    results["wall_s"] = time.time() - started
+    print(f"\nwall {results['wall_s']:.0f} s")
+    if options.out:
+        with open(options.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
