@@ -83,7 +83,10 @@ class LLMEngine:
         with _default_dtype(dtype), torch.device(device):
             model = LlamaForCausalLM(mcfg)
         model.cos_sin_cache = model.cos_sin_cache.float()
-        model.load_weights(files.weights())
+        # INT4 hook: GPTQ/AWQ checkpoints and (on CUDA) GGUF Q4_1 go into Int4Linear modules.
+        from engine.quant.loading import load_weights
+
+        self.weight_format = load_weights(model, files, device, dtype)
         model.eval()
 
         max_model_len = config.max_model_len or mcfg.max_position_embeddings
