@@ -6,7 +6,6 @@ vocabulary (see ``engine.loaders.gguf_vocab``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import tokenizers
 from tokenizers import processors
 
 from engine.chat_template import render_chat_template
+from engine.loaders.hf import read_json
 
 
 class Tokenizer:
@@ -87,7 +87,7 @@ class Tokenizer:
                 "tokenizer.json (a SentencePiece tokenizer.model alone is not supported)"
             )
         backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-        config = _read_json(path / "tokenizer_config.json")
+        config = read_json(path / "tokenizer_config.json")
         specials = {name: _token_text(config.get(name)) for name in _SPECIAL_NAMES}
         add_bos = config.get("add_bos_token")
         add_eos = config.get("add_eos_token")
@@ -180,13 +180,6 @@ class Tokenizer:
 _SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8") as file:
-        return json.load(file)
-
-
 def _token_text(value: Any) -> str | None:
     """A special token from tokenizer_config.json: a string or an AddedToken dict."""
     if isinstance(value, dict):
@@ -200,7 +193,7 @@ def _find_chat_template(path: Path, config: Mapping[str, Any]) -> str | None:
     if template is None and jinja_file.is_file():
         template = jinja_file.read_text(encoding="utf-8")
     if template is None:
-        template = _read_json(path / "chat_template.json").get("chat_template")
+        template = read_json(path / "chat_template.json").get("chat_template")
     if isinstance(template, list):
         # Several named templates: the one named "default" is what apply_chat_template uses.
         named = {entry["name"]: entry["template"] for entry in template}

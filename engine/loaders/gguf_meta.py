@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 
 # general.architecture -> (HF model_type, HF architecture class). Mistral files converted by
 # llama.cpp usually say "llama"; their weights are Llama-compatible.
@@ -18,13 +19,30 @@ GGUF_ARCHITECTURES = {
 _MISSING = object()
 
 
+class _PlainArrayGGUFReader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` over a plain ndarray view of its memory map.
+
+    The reader slices its ``np.memmap`` once per metadata value (about 250,000 times for a
+    49k-token vocabulary) and every slice of a memmap subclass pays for ``__array_finalize__``;
+    a base-class view of the same mapping parses about 3x faster and is still zero-copy.
+    """
+
+    @property  # type: ignore[override]  # a plain view where the base class has a memmap
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain_data = np.asarray(value)
+
+
 def open_gguf(path: str | Path) -> gguf.GGUFReader:
     """Open a GGUF file read-only (memory-mapped). Raises ``ValueError`` if it is not GGUF."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     try:
-        return gguf.GGUFReader(path, "r")
+        return _PlainArrayGGUFReader(path, "r")
     except ValueError as exc:
         raise ValueError(f"{path} is not a readable GGUF file: {exc}") from exc
 
