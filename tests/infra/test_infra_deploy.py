@@ -73,6 +73,8 @@ def test_beat_is_a_singleton(overlay):
     beat = find(objects, "Deployment", "tidal-beat")
     assert beat["spec"]["replicas"] == 1
     assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    # `tidal beat` refuses to start without a warm-up schedule
+    assert len(config(objects)["TIDAL_WARMUP_CRON"].split()) == 5
 
 
 def test_no_secret_is_committed(overlay):
@@ -109,6 +111,7 @@ def test_compose_matches_the_worker_settings():
         env = services[name]["environment"]
         unknown = [k for k in env if k.startswith("TIDAL_") and k[6:] not in fields]
         assert not unknown, f"{name}: keys the worker does not read: {unknown}"
+    assert len(services["beat"]["environment"]["TIDAL_WARMUP_CRON"].split()) == 5
     worker = services["worker"]
     grace_s = int(worker["stop_grace_period"].removesuffix("s"))
     soft_s = float(worker["environment"]["TIDAL_SOFT_SHUTDOWN_TIMEOUT_S"])
