@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -56,6 +57,34 @@ def compile_chat_template(template: str) -> jinja2.Template:
         return env.from_string(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ValueError(f"the model's chat template is not valid jinja2: {exc}") from exc
+
+
+# A template that loops over a message's content takes OpenAI-style lists of content parts.
+_ITERATES_CONTENT = re.compile(
+    r"\{%-?\s*for\s+\w+\s+in\s+\w+\s*(\[\s*['\"]content['\"]\s*\]|\.content)"
+)
+
+
+def takes_content_parts(template: str) -> bool:
+    """Whether ``template`` iterates over ``message.content`` (vLLM's "openai" content format)."""
+    return _ITERATES_CONTENT.search(template) is not None
+
+
+def flatten_text_parts(index: int, content: list[Any]) -> str:
+    """OpenAI content parts ``[{"type": "text", "text": ...}, ...]`` joined by newlines."""
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, Mapping) and part.get("type") == "text" and "text" in part:
+            texts.append(str(part["text"]))
+        else:
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise ValueError(
+                f"message {index} has a content part of type {kind!r}; only text parts "
+                "({'type': 'text', 'text': ...}) are supported"
+            )
+    return "\n".join(texts)
 
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -107,10 +136,16 @@ def render_chat_template(
 
     ``special_tokens`` supplies template variables such as ``bos_token`` and ``eos_token``;
     ``kwargs`` (for example ``tools`` or ``documents``) are passed to the template as variables
-    too. Raises ``ValueError`` for malformed messages and for errors the template raises itself
-    (``raise_exception``).
+    too. Lists of text parts are joined into one string unless the template iterates over
+    content itself. Raises ``ValueError`` for malformed messages and for errors the template
+    raises (``raise_exception``) or hits (adding a list to a string).
     """
     checked = validate_messages(messages)
+    if not takes_content_parts(template):
+        # A template that concatenates content as a string gets text parts joined, as in vLLM.
+        for index, message in enumerate(checked):
+            if isinstance(message["content"], list):
+                message["content"] = flatten_text_parts(index, message["content"])
     compiled = compile_chat_template(template)
     variables: dict[str, Any] = {"tools": None, "documents": None}
     variables.update(special_tokens or {})
@@ -119,5 +154,5 @@ def render_chat_template(
         return compiled.render(
             messages=checked, add_generation_prompt=add_generation_prompt, **variables
         )
-    except jinja2.exceptions.TemplateError as exc:
+    except (jinja2.exceptions.TemplateError, TypeError) as exc:
         raise ValueError(f"the chat template rejected the conversation: {exc}") from exc

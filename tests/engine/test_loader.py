@@ -244,6 +244,11 @@ def test_tiny_gguf_weights_are_the_original_within_quantization_error(tiny_gguf)
         error = (tensor - original[name]).abs().max().item()
         assert error <= TOLERANCE[qtype], (name, qtype.name, error)
     assert files.hf_config["tie_word_embeddings"] == model.config.tie_word_embeddings
+    weights = dict(files.weights())
+    for name, type_name, data, shape in files.gguf_tensors():
+        values = gguf.quants.dequantize(data, QType[type_name])
+        assert tuple(weights[name].shape) == shape, name
+        assert np.array_equal(values.reshape(shape), weights[name].numpy()), (name, type_name)
 
 
 def test_tiny_gguf_equals_transformers(tiny_gguf):

@@ -266,3 +266,27 @@ def test_sentencepiece_gguf_matches_transformers(spm_gguf):
         "▁hello",
         "▁world",
     ]
+
+
+def test_text_content_parts_are_joined_for_a_string_template(ours, reference):
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    expected = reference.apply_chat_template(
+        [{"role": "user", "content": "first\nsecond"}], tokenize=False, add_generation_prompt=True
+    )
+    assert ours.apply_chat_template([{"role": "user", "content": parts}]) == expected
+    image = [{"type": "image_url", "image_url": {"url": "http://x"}}]
+    with pytest.raises(ValueError, match="'image_url'"):
+        ours.apply_chat_template([{"role": "user", "content": image}])
+
+
+def test_content_parts_reach_a_template_that_iterates_them():
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    template = (
+        "{% for m in messages %}{% for p in m['content'] %}[{{ p.type }}:{{ p.text }}]"
+        "{% endfor %}{% endfor %}"
+    )
+    tok = Tokenizer(Backend(models.BPE(vocab={"a": 0}, merges=[])), chat_template=template)
+    parts = [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]
+    assert tok.apply_chat_template([{"role": "user", "content": parts}]) == "[text:x][text:y]"
