@@ -282,7 +282,7 @@ def main() -> None:
         scenarios += [
             Scenario(f"always-on {peak_fleet} {at}", tok_s, cold, fixed_replicas=peak_fleet),
             Scenario(f"KEDA {at}", tok_s, args.cold_start_s),
-            Scenario(f"KEDA, activation 0 {at}", tok_s, args.cold_start_s, normal_activation=0),
+            Scenario(f"KEDA, normal activation 2 {at}", tok_s, cold, normal_activation=2),
             Scenario(f"KEDA + warm-up x1 {at}", tok_s, args.cold_start_s, warmup_at_s=warm),
             Scenario(f"KEDA, node +{node_s:.0f}s {at}", tok_s, args.cold_start_s, node_s),
             Scenario(f"KEDA, node +{node_s:.0f}s, warm-up x1 {at}", tok_s, cold, node_s, warm),

@@ -13,7 +13,9 @@ KEDA's Redis scaler reads one key per trigger. Summing needs ``advanced.scalingM
   exceed ``activationTarget``. A lone normal-lane backlog of at most ``normal_activation``
   chunks does not wake the fleet, but any high-lane message or any chunk still in flight lifts
   the composite to ``normal_activation + 1`` so that it does (and so a busy fleet is never
-  scaled to zero under a running chunk).
+  scaled to zero under a running chunk). With the default ``normal_activation = 0`` every
+  message wakes the fleet and the bump never changes the value; raise it (e.g. to 2) where a
+  wake-up is expensive and normal-lane jobs can wait (docs/scaling.md has the numbers).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ class ScalingSettings:
 
     prefix: str = queues.DEFAULT_QUEUE_PREFIX
     target_per_replica: int = 4  # queued + in-flight chunks per worker (= TIDAL_CONCURRENCY)
-    normal_activation: int = 2  # normal-lane chunks that do NOT yet wake the fleet from zero
+    # Normal-lane chunks that do NOT yet wake the fleet from zero. 0 by default: in
+    # benchmarks/sim_autoscale.py a threshold of 2 saved about 1% of GPU-hours but left night
+    # chunks waiting up to 48 min (and a lone chunk waits for the next arrival or warm-up).
+    normal_activation: int = 0
     polling_interval_s: int = 15
     cooldown_period_s: int = 300
     min_replicas: int = 0

@@ -81,12 +81,20 @@ def evaluate(formula: str, values: dict[str, int]) -> int:
     ],
 )
 def test_formula_semantics(queued, active, replicas):
-    settings = keda.ScalingSettings()
+    settings = keda.ScalingSettings(normal_activation=2)
     values = dict.fromkeys(keda.trigger_names(), 0) | queued
     composite = evaluate(keda.formula(settings), values)
     assert (composite > settings.normal_activation) == active
     desired = math.ceil(composite / settings.target_per_replica) if active else 0
     assert desired == replicas
+
+
+def test_default_wakes_on_any_message():
+    settings = keda.ScalingSettings()
+    zero = dict.fromkeys(keda.trigger_names(), 0)
+    for name in zero:
+        composite = evaluate(keda.formula(settings), zero | {name: 1})
+        assert composite > settings.normal_activation and composite == 1
 
 
 def test_settings_reject_bad_values():
