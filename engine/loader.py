@@ -61,7 +61,11 @@ class ModelFiles:
 
 def _load_hf_dir(path: Path) -> ModelFiles:
     parts = load_hf_parts(path)
-    tokenizer = Tokenizer.from_hf_dir(path, generation_config=parts["generation_config"])
+    generation_config = parts["generation_config"]
+    if "eos_token_id" not in generation_config:
+        # As transformers does without generation_config.json: config.json's eos ends generation.
+        generation_config = {"eos_token_id": parts["hf_config"].get("eos_token_id")}
+    tokenizer = Tokenizer.from_hf_dir(path, generation_config=generation_config)
     return ModelFiles(
         hf_config=parts["hf_config"],
         generation_config=parts["generation_config"],

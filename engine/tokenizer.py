@@ -101,6 +101,7 @@ class Tokenizer:
         generation_eos = (generation_config or {}).get("eos_token_id")
         if isinstance(generation_eos, int):
             generation_eos = [generation_eos]
+        generation_eos = [token_id for token_id in generation_eos or () if token_id is not None]
         return cls(
             backend,
             **specials,

@@ -393,6 +393,20 @@ def test_hf_dir_quantize_config_json(tiny_hf_dir, tmp_path):
     assert load_model_files(copy).quantization_config == quantize_config
 
 
+def test_hf_dir_without_generation_config_ends_on_config_eos(tiny_hf_dir, tmp_path):
+    import shutil
+
+    _, path, _ = tiny_hf_dir
+    copy = shutil.copytree(path, tmp_path / "model")
+    (copy / "generation_config.json").unlink()
+    config = json.loads((copy / "config.json").read_text())
+    config["eos_token_id"] = [2, 0]
+    (copy / "config.json").write_text(json.dumps(config))
+    files = load_model_files(copy)
+    assert files.generation_config == {}
+    assert files.tokenizer.eos_token_ids == {0, 2}
+
+
 @pytest.mark.parametrize(
     ("remove", "error", "match"),
     [
