@@ -93,7 +93,7 @@ class Tokenizer:
         add_eos = config.get("add_eos_token")
         if add_bos is not None or add_eos is not None:
             # transformers rebuilds the post-processor from these flags (LlamaTokenizerFast).
-            _set_bos_eos_post_processor(
+            set_bos_eos_post_processor(
                 backend,
                 specials["bos_token"] if add_bos else None,
                 specials["eos_token"] if add_eos else None,
@@ -202,7 +202,7 @@ def _find_chat_template(path: Path, config: Mapping[str, Any]) -> str | None:
     return template
 
 
-def _set_bos_eos_post_processor(
+def set_bos_eos_post_processor(
     backend: tokenizers.Tokenizer, bos_token: str | None, eos_token: str | None
 ) -> None:
     """Make ``encode(add_special_tokens=True)`` add exactly ``bos_token`` / ``eos_token``."""

@@ -196,7 +196,7 @@ def _add_special_tokens(
 
 def tokenizer_from_gguf(cls: type[Tokenizer], reader_or_path: Any) -> Tokenizer:
     """Build ``cls`` (engine.tokenizer.Tokenizer) from a GGUF reader or path."""
-    from engine.tokenizer import _set_bos_eos_post_processor
+    from engine.tokenizer import set_bos_eos_post_processor
 
     reader = reader_or_path
     if isinstance(reader_or_path, (str, Path)):
@@ -229,7 +229,7 @@ def tokenizer_from_gguf(cls: type[Tokenizer], reader_or_path: Any) -> Tokenizer:
     # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise.
     add_bos = gguf_value(reader, "tokenizer.ggml.add_bos_token", vocab_kind == "llama")
     add_eos = gguf_value(reader, "tokenizer.ggml.add_eos_token", False)
-    _set_bos_eos_post_processor(
+    set_bos_eos_post_processor(
         backend, bos_token if add_bos else None, eos_token if add_eos else None
     )
     # End-of-turn / end-of-message tokens also end a generation (Llama 3's <|eot_id|>).

@@ -237,6 +237,7 @@ def spm_gguf(tmp_path_factory):
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
+    writer.add_eot_token_id(tokens.index("<ctrl>"))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -251,6 +252,8 @@ def test_sentencepiece_gguf_matches_transformers(spm_gguf):
     ours = Tokenizer.from_gguf(spm_gguf)
     assert ours.bos_token_id == reference.bos_token_id == 1
     assert ours.unk_token_id == reference.unk_token_id == 0
+    # an end-of-turn token (Llama 3's <|eot_id|>) ends generation too
+    assert ours.eos_token_ids == {2, ours.backend.token_to_id("<ctrl>")}
     for text in SPM_TEXTS:
         for add_special_tokens in (True, False):
             expected = reference.encode(text, add_special_tokens=add_special_tokens)
