@@ -21,8 +21,10 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-# Decode splits the KV range only while fewer programs than this many per SM would run.
-_SPLIT_PROGRAMS_PER_SM = 2
+# Decode splits the KV range only while the (sequence, KV head) programs fill less than one
+# wave of SMs, and then into enough splits for about this many programs per SM (tuned on the
+# H200: see BENCHMARKS.md).
+_SPLIT_PROGRAMS_PER_SM = 4
 _MIN_TOKENS_PER_SPLIT = 256
 _MAX_KV_SPLITS = 64
 
@@ -310,16 +312,17 @@ def default_num_kv_splits(
 ) -> int:
     """How many programs share one sequence's KV range when the launcher is not told.
 
-    Only decode-only steps on CUDA split: with fewer (sequence, KV head) programs than
-    ``_SPLIT_PROGRAMS_PER_SM`` per SM, each range is cut so that the GPU is filled, keeping at
-    least ``_MIN_TOKENS_PER_SPLIT`` positions per split.
+    Only decode-only steps on CUDA split: when the (sequence, KV head) programs are fewer than
+    the SMs, each range is cut into enough splits for ``_SPLIT_PROGRAMS_PER_SM`` programs per
+    SM, keeping at least ``_MIN_TOKENS_PER_SPLIT`` positions per split.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
     num_programs = num_seqs * num_kv_heads
-    target = _SPLIT_PROGRAMS_PER_SM * _num_sms(device)
-    if num_programs >= target:
+    num_sms = _num_sms(device)
+    if num_programs >= num_sms:
         return 1
+    target = _SPLIT_PROGRAMS_PER_SM * num_sms
     by_fill = -(-target // num_programs)
     by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
     return max(1, min(by_fill, by_length, _MAX_KV_SPLITS))
@@ -333,11 +336,12 @@ def _pick_tiles(
         # The CPU interpreter pays per program and per op: few query blocks, but KV tiles
         # small enough that short test contexts cross several of them.
         return max(32, group_pad), 16, 4, 1
+    # Tuned on the H200 with Llama-3-8B heads (bench_attention.py --sweep, BENCHMARKS.md).
     if max_query_len * group_pad <= 16 or max_query_len <= 4:
-        block_n = 64 if head_dim_pad <= 128 else 32
+        block_n = 128 if head_dim_pad <= 128 else 32
         return max(16, group_pad), block_n, 4, 3
     block_n = 64 if head_dim_pad <= 128 else 32
-    return max(128, group_pad), block_n, 8, 3
+    return max(128, group_pad), block_n, 4, 3
 
 
 def paged_attention(
