@@ -153,25 +153,62 @@ class Int4Weight:
 
 
 @triton.jit
+def _unpack(q):
+    """int32 [R, W] packed words -> int32 [R, 8W] codes in natural K order (no reshapes: the
+    interleaves keep the 8 nibbles of a word in one thread's registers)."""
+    even = tl.interleave(
+        tl.interleave(q & 0xF, (q >> 16) & 0xF), tl.interleave((q >> 8) & 0xF, (q >> 24) & 0xF)
+    )
+    odd = tl.interleave(
+        tl.interleave((q >> 4) & 0xF, (q >> 20) & 0xF),
+        tl.interleave((q >> 12) & 0xF, (q >> 28) & 0xF),
+    )
+    return tl.interleave(even, odd)
+
+
+@triton.jit
+def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE: tl.constexpr):
+    # MODE 0: one split, store. MODE 1: fp32 atomics into a zeroed fp32 output (cast later).
+    # MODE 2: atomics into a self-cleaning fp32 workspace; the last split of a tile (ticket
+    # from the lock) reads the sum, writes the output and resets workspace and lock to 0.
+    if MODE == 0:
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
+    elif MODE == 1:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial is in before the (releasing) ticket
+        ticket = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = tl.atomic_add(ws_ptrs, tl.zeros_like(acc), mask=mask)  # read at L2
+            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+            tl.store(ws_ptrs, tl.zeros_like(acc), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile_id, 0)
+
+
+@triton.jit
 def _int4_gemv_kernel(
     x_ptr,
     qw_ptr,
     s_ptr,
     o_ptr,
     out_ptr,
+    ws_ptr,
+    lock_ptr,
     N,
     K,
     group_size,
     k_per_split,
+    num_splits,
     stride_x_m,
     stride_qw_n,
     stride_s_g,
     stride_out_m,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    USE_ATOMIC: tl.constexpr,
+    MODE: tl.constexpr,
 ):
-    # One row of x per program along axis 2; a tile never straddles a quantization group
+    # One row of x per program along axis 2. A tile never straddles a quantization group
     # (BLOCK_K divides group_size, or there is one group), so the scale and offset apply
     # after the reduction: sum_k x_k (q s + o) = s * sum_k x_k q + o * sum_k x_k.
     pid_n = tl.program_id(0)
@@ -179,31 +216,34 @@ def _int4_gemv_kernel(
     m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    shifts = tl.arange(0, 8) * 4
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        x = tl.load(x_ptr + m * stride_x_m + offs_k, mask=offs_k < k_end, other=0.0)
-        x = x.to(tl.float32)
         q = tl.load(
             qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
             mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
             other=0,
         )
-        qv = (q[:, :, None] >> shifts[None, None, :]) & 0xF
-        qv = tl.reshape(qv, [BLOCK_N, BLOCK_K]).to(tl.float32)
+        x = tl.load(x_ptr + m * stride_x_m + offs_k, mask=offs_k < k_end, other=0.0)
+        x = x.to(tl.float32)
         g = k0 // group_size
         s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        acc += s * tl.sum(qv * x[None, :], axis=1) + o * tl.sum(x, axis=0)
-    out_ptrs = out_ptr + m * stride_out_m + offs_n
-    if USE_ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=n_mask)
-    else:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+        qx = tl.sum(_unpack(q).to(tl.float32) * x[None, :], axis=1)
+        acc += s * qx + o * tl.sum(x, axis=0)
+    _epilogue(
+        acc,
+        out_ptr + m * stride_out_m + offs_n,
+        ws_ptr + m * N + offs_n,
+        n_mask,
+        lock_ptr,
+        m * tl.num_programs(0) + pid_n,
+        num_splits,
+        MODE,
+    )
 
 
 @triton.jit
@@ -213,11 +253,14 @@ def _int4_gemm_kernel(
     s_ptr,
     o_ptr,
     out_ptr,
+    ws_ptr,
+    lock_ptr,
     M,
     N,
     K,
     group_size,
     k_per_split,
+    num_splits,
     stride_x_m,
     stride_qw_n,
     stride_s_g,
@@ -226,7 +269,7 @@ def _int4_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    USE_ATOMIC: tl.constexpr,
+    MODE: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
@@ -245,7 +288,6 @@ def _int4_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    shifts = tl.arange(0, 8) * 4
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
@@ -262,8 +304,7 @@ def _int4_gemm_kernel(
             mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
             other=0,
         )
-        qv = (q[:, :, None] >> shifts[None, None, :]) & 0xF
-        qv = tl.reshape(qv, [BLOCK_N, BLOCK_K]).to(x.dtype)
+        qv = _unpack(q).to(x.dtype)
         if IEEE:
             part = tl.dot(x, tl.trans(qv), input_precision="ieee")
         else:
@@ -273,12 +314,17 @@ def _int4_gemm_kernel(
         o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         x_sum = tl.sum(x.to(tl.float32), axis=1)
         acc += part * s[None, :] + x_sum[:, None] * o[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    if USE_ATOMIC:
-        tl.atomic_add(out_ptrs, acc, mask=mask)
-    else:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _epilogue(
+        acc,
+        out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :],
+        ws_ptr + offs_m[:, None] * N + offs_n[None, :],
+        mask,
+        lock_ptr,
+        pid,
+        num_splits,
+        MODE,
+    )
 
 
 @triton.jit
@@ -297,27 +343,47 @@ def _int4_dequant_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
+    # BLOCK_K divides group_size (or K is one group): one scale per row of the tile.
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_w = tl.program_id(1) * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    k0 = tl.program_id(1) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     n_mask = offs_n < N
     q = tl.load(
         qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
         mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
         other=0,
     )
-    shifts = tl.arange(0, 8) * 4
-    qv = tl.reshape((q[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])
-    g = offs_k // group_size
+    g = k0 // group_size
+    s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    w = _unpack(q).to(tl.float32) * s[:, None] + o[:, None]
     mask = n_mask[:, None] & (offs_k[None, :] < K)
-    s = tl.load(s_ptr + g[None, :] * stride_s_g + offs_n[:, None], mask=mask, other=0.0)
-    o = tl.load(o_ptr + g[None, :] * stride_s_g + offs_n[:, None], mask=mask, other=0.0)
-    w = qv.to(tl.float32) * s.to(tl.float32) + o.to(tl.float32)
     tl.store(
         out_ptr + offs_n[:, None] * stride_out_n + offs_k[None, :],
         w.to(out_ptr.dtype.element_ty),
         mask=mask,
     )
+
+
+_WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device, num_floats: int, num_locks: int):
+    """The self-cleaning split-K workspace of a device (zeros between calls), or None when it
+    would have to grow inside a CUDA graph capture (the caller then uses MODE 1)."""
+    ws, locks = _WORKSPACES.get(device, (None, None))
+    if ws is not None and ws.numel() >= num_floats and locks.numel() >= num_locks:
+        return ws, locks
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    size = max(num_floats, 0 if ws is None else ws.numel(), 1 << 16)
+    lock_size = max(num_locks, 0 if locks is None else locks.numel(), 1 << 12)
+    _WORKSPACES[device] = (
+        torch.zeros(size, dtype=torch.float32, device=device),
+        torch.zeros(lock_size, dtype=torch.int32, device=device),
+    )
+    return _WORKSPACES[device]
 
 
 def _check(x: torch.Tensor, weight: Int4Weight) -> None:
@@ -331,7 +397,8 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
     """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order)."""
     n, k = weight.out_features, weight.in_features
     out = torch.empty((n, k), dtype=dtype, device=weight.qweight.device)
-    block_n, block_k = 32, 128
+    g = weight.group_size
+    block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _int4_dequant_kernel[grid](
         weight.qweight,
@@ -386,13 +453,25 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
     block_k = cfg.block_k if g == k else min(cfg.block_k, g)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
-    use_atomic = num_splits > 1
+    if cfg.strategy == "gemv":
+        num_tiles = m * triton.cdiv(n, cfg.block_n)
+    else:
+        num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    mode, ws, locks = 0, None, None
+    if num_splits > 1:
+        found = _workspace(x.device, m * n, num_tiles)
+        mode = 1 if found is None else 2
+        if found is not None:
+            ws, locks = found
     out = (
         torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        if use_atomic
+        if mode == 1
         else torch.empty((m, n), dtype=x.dtype, device=x.device)
     )
-    common = (weight.qweight, weight.scales, weight.offsets, out)
+    if ws is None:
+        ws, locks = out, out  # unused by MODE 0 and 1
+    common = (weight.qweight, weight.scales, weight.offsets, out, ws, locks)
+    strides = (x.stride(0), weight.qweight.stride(0), weight.scales.stride(0), out.stride(0))
     if cfg.strategy == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), num_splits, m)
         _int4_gemv_kernel[grid](
@@ -402,18 +481,16 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
             k,
             g,
             k_per_split,
-            x.stride(0),
-            weight.qweight.stride(0),
-            weight.scales.stride(0),
-            out.stride(0),
+            num_splits,
+            *strides,
             BLOCK_N=cfg.block_n,
             BLOCK_K=block_k,
-            USE_ATOMIC=use_atomic,
+            MODE=mode,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
     elif cfg.strategy == "tiled":
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), num_splits)
+        grid = (num_tiles, num_splits)
         _int4_gemm_kernel[grid](
             x,
             *common,
@@ -422,22 +499,20 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
             k,
             g,
             k_per_split,
-            x.stride(0),
-            weight.qweight.stride(0),
-            weight.scales.stride(0),
-            out.stride(0),
+            num_splits,
+            *strides,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=block_k,
             GROUP_M=8,
-            USE_ATOMIC=use_atomic,
+            MODE=mode,
             IEEE=x.dtype == torch.float32,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
     else:
         raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: gemv, tiled, dequant")
-    return out.to(x.dtype) if use_atomic else out
+    return out.to(x.dtype) if mode == 1 else out
 
 
 def dequantize_int4(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

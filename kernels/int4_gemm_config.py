@@ -49,46 +49,51 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _split_for(num_tiles: int, k: int, block_k: int, num_sms: int) -> int:
-    """Smallest power-of-two split giving about two programs per multiprocessor."""
+def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
+    """The smallest power of two >= target, capped, keeping >= block_k of K per split."""
     split = 1
-    while num_tiles * split < 2 * num_sms and k // (2 * split) >= 2 * block_k and split < 16:
+    while split < target and split < cap and k // (2 * split) >= block_k:
         split *= 2
     return split
 
 
 def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Int4GemmConfig:
-    """The table: strategy and tiles from the number of rows M and the weight's shape."""
+    """The table: strategy and tiles from the number of rows M and the weight's shape.
+
+    From the H200 sweep (2026-11-29, Llama-3-8B shapes, group 128): M = 1 gemv, 64 outputs
+    per program, about 24 programs per multiprocessor through split-K; M <= 16 tiled 16 x 128
+    with split-K 8; M <= 64 tiled for large weights, dequantize + cuBLAS for small ones;
+    above, dequantize + cuBLAS was fastest.
+    """
     num_sms = _num_sms(device.index or 0) if device.type == "cuda" else 132
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
-        block_n = 16
-        split = _split_for(-(-n // block_n), k, block_k, num_sms)
+        tiles = -(-n // 64)
+        split = _pow2_split(-(-24 * num_sms // tiles), k, block_k, 16)
         return Int4GemmConfig(
-            "gemv", block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=3
+            "gemv", block_n=64, block_k=block_k, split_k=split, num_warps=2, num_stages=3
         )
-    if m <= 64:
-        block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-        block_n = 64
-        tiles = -(-m // block_m) * -(-n // block_n)
-        split = _split_for(tiles, k, block_k, num_sms)
+    if m <= 16:
         return Int4GemmConfig(
             "tiled",
-            block_m=block_m,
+            block_m=16,
+            block_n=128,
+            block_k=block_k,
+            split_k=_pow2_split(8, k, block_k, 8),
+            num_warps=4,
+            num_stages=3,
+        )
+    if m <= 64 and n * k >= 32 * 2**20:
+        block_n = 128 if n >= 128 * num_sms else 64
+        tiles = -(-m // 64) * -(-n // block_n)
+        split = _pow2_split(-(-num_sms // tiles), k, block_k, 4)
+        return Int4GemmConfig(
+            "tiled",
+            block_m=64,
             block_n=block_n,
             block_k=block_k,
             split_k=split,
             num_warps=4,
             num_stages=4,
-        )
-    if m <= 512:
-        return Int4GemmConfig(
-            "tiled",
-            block_m=64 if m <= 128 else 128,
-            block_n=128,
-            block_k=min(block_k, 64) if group_size != k else 64,
-            split_k=1,
-            num_warps=8,
-            num_stages=3,
         )
     return Int4GemmConfig("dequant")

@@ -15,6 +15,8 @@ are contiguous for the kernel, and activations are gathered with the same permut
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from engine.quant.packing import make_int4_weight
@@ -58,13 +60,16 @@ def gptq_to_int4(
     *,
     bits: int = 4,
     checkpoint_format: str = "gptq",
+    group_size: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> Int4Weight:
     """Convert one GPTQ linear layer to the canonical form.
 
     qweight int32 [K // 8, N]; qzeros int32 [G, N // 8] or None (symmetric, zero 8);
-    scales [G, N]; g_idx [K] or None (rows in group order). ``dtype`` of the scales and
-    offsets defaults to the checkpoint's scales dtype.
+    scales [G, N]; g_idx [K] or None (rows in group order). ``group_size`` (the checkpoint's,
+    -1 for per-channel) is needed only when it does not divide K: GPTQ's last group is then
+    shorter, and the canonical form uses gcd(group_size, K)-sized groups with repeated scales.
+    ``dtype`` of the scales and offsets defaults to the checkpoint's scales dtype.
     """
     if bits != 4:
         raise ValueError(f"only 4-bit GPTQ is supported, got bits={bits}")
@@ -76,11 +81,15 @@ def gptq_to_int4(
         raise ValueError(f"GPTQ qweight must be int32 [K // 8, N], got {qweight.dtype}")
     k, n = qweight.shape[0] * 8, qweight.shape[1]
     num_groups = scales.shape[0]
-    if tuple(scales.shape) != (num_groups, n) or k % num_groups:
+    if group_size is None or group_size == -1 or group_size >= k:
+        group_size = k // num_groups if num_groups and k % num_groups == 0 else -1
+    if group_size <= 0 or group_size % 8 or -(-k // group_size) != num_groups:
         raise ValueError(
-            f"GPTQ scales must be [G, {n}] with G dividing K={k}, got {tuple(scales.shape)}"
+            f"GPTQ scales {tuple(scales.shape)} do not match K={k}, N={n} and group_size "
+            f"{group_size}: expected [ceil(K / group_size), N]"
         )
-    group_size = k // num_groups
+    if tuple(scales.shape) != (num_groups, n):
+        raise ValueError(f"GPTQ scales must be [G, {n}], got {tuple(scales.shape)}")
     codes = unpack_along_rows(qweight)  # [K, N]
     if qzeros is None:
         zeros = torch.full((num_groups, n), 8, dtype=torch.int32, device=qweight.device)
@@ -92,22 +101,25 @@ def gptq_to_int4(
             )
         if checkpoint_format == "gptq":
             zeros = zeros + 1
+    natural = torch.arange(k, device=qweight.device) // group_size
     in_perm = None
     if g_idx is not None:
         g_idx = g_idx.to(torch.int64)
-        if tuple(g_idx.shape) != (k,) or int(g_idx.min()) < 0 or int(g_idx.max()) >= num_groups:
-            raise ValueError(f"GPTQ g_idx must be [{k}] with values in 0..{num_groups - 1}")
-        counts = torch.bincount(g_idx, minlength=num_groups)
-        if not bool((counts == group_size).all()):
+        if tuple(g_idx.shape) != (k,):
+            raise ValueError(f"GPTQ g_idx must have shape [{k}], got {tuple(g_idx.shape)}")
+        sorted_idx, perm = torch.sort(g_idx, stable=True)
+        if not torch.equal(sorted_idx, natural):
             raise ValueError(
-                f"GPTQ g_idx must put exactly {group_size} input rows in each "
-                "group; this checkpoint's groups have unequal sizes"
+                f"GPTQ g_idx must put {group_size} input rows in each group (the last may be "
+                "shorter); this checkpoint's groups have unequal sizes"
             )
-        perm = torch.sort(g_idx, stable=True).indices
         if not torch.equal(perm, torch.arange(k, device=perm.device)):
             in_perm = perm
             codes = codes.index_select(0, perm)
+    # Canonical groups of gcd(group_size, K) rows; each maps to one checkpoint group.
+    sub = math.gcd(group_size, k)
+    source_group = natural[::sub]
     out_dtype = dtype or scales.dtype
-    s = scales.float()
-    offsets = (-zeros.float() * s).to(out_dtype)
-    return make_int4_weight(codes.t(), s.to(out_dtype), offsets, group_size, in_perm)
+    s = scales.float().index_select(0, source_group)
+    offsets = (-zeros.float().index_select(0, source_group) * s).to(out_dtype)
+    return make_int4_weight(codes.t(), s.to(out_dtype), offsets, sub, in_perm)

@@ -98,6 +98,7 @@ def _load_hf_int4(model, files, method: str, device, dtype) -> None:
                 t["scales"],
                 t.get("g_idx"),
                 checkpoint_format=checkpoint_format,
+                group_size=qcfg.get("group_size"),
                 dtype=dtype,
             )
         else:

@@ -51,12 +51,12 @@ def check_against(weight, dense_kn: np.ndarray, tol: float) -> None:
 
 @pytest.mark.parametrize("checkpoint_format", ["gptq", "gptq_v2"])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("group_size", [32, 128, -1])
-def test_gptq(checkpoint_format, act_order, group_size):
-    rng = np.random.default_rng(abs(group_size) + 7 * act_order)
-    k, n = 256, 48
+@pytest.mark.parametrize("k,group_size", [(256, 32), (256, 128), (256, -1), (160, 64)])
+def test_gptq(checkpoint_format, act_order, k, group_size):
+    rng = np.random.default_rng(k + abs(group_size) + 7 * act_order)
+    n = 48
     g = k if group_size == -1 else group_size
-    num_groups = k // g
+    num_groups = -(-k // g)  # GPTQ's last group is shorter when g does not divide K
     codes = rng.integers(0, 16, (k, n))
     # v1 stores zero - 1, so a stored zero must be >= 0: real zeros are 1..15 there.
     zeros = rng.integers(1 if checkpoint_format == "gptq" else 0, 16, (num_groups, n))
@@ -74,6 +74,7 @@ def test_gptq(checkpoint_format, act_order, group_size):
         torch.from_numpy(scales),
         torch.from_numpy(g_idx),
         checkpoint_format=checkpoint_format,
+        group_size=group_size,
         dtype=torch.float32,
     )
     # GPTQ's formula: w[k, n] = scale[g_idx[k], n] * (q[k, n] - zero[g_idx[k], n]).
