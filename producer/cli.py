@@ -1,7 +1,7 @@
 """The ``tidal`` command line: run a batch locally, or submit and follow jobs on the queue.
 
-Commands that need torch (``run``, ``worker``, ``beat``) import it inside the command, so
-the rest works in an app without torch. Add a command with ``@app.command()``.
+Commands that need torch (``run``, ``worker``, ``beat``, ``quantize``) import it inside the
+command, so the rest works in an app without torch. Add a command with ``@app.command()``.
 """
 
 from __future__ import annotations
@@ -146,6 +146,35 @@ def beat(loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO
     from worker.main import run_beat
 
     sys.exit(run_beat(loglevel=loglevel))
+
+
+@app.command()
+def quantize(
+    model_dir: Annotated[str, typer.Argument(help="HF model directory or GGUF file")],
+    out_dir: Annotated[Path, typer.Argument(help="where the GPTQ checkpoint is written")],
+    method: Annotated[str, typer.Option(help="gptq or rtn (round to nearest)")] = "gptq",
+    bits: Annotated[int, typer.Option(help="bits per weight (4)")] = 4,
+    group_size: Annotated[int, typer.Option(help="weights per scale; -1 per channel")] = 128,
+    act_order: Annotated[bool, typer.Option(help="GPTQ columns by decreasing activity")] = False,
+    calibration: Annotated[
+        Path | None, typer.Option(help="JSONL of {text|prompt|messages} lines")
+    ] = None,
+) -> None:
+    """Quantize MODEL_DIR to 4 bits (GPTQ or RTN) and write a GPTQ-format checkpoint."""
+    from engine.quant.quantize import quantize_checkpoint  # INT4 part: needs torch
+
+    try:
+        quantize_checkpoint(
+            model_dir,
+            out_dir,
+            method=method,
+            bits=bits,
+            group_size=group_size,
+            act_order=act_order,
+            calibration=calibration,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
 
 
 if __name__ == "__main__":
