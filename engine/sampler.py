@@ -1,10 +1,13 @@
 """The sampler: turns one step's logits into one token per row, vectorized over the batch.
 
 Order of processing follows vLLM: raw logprobs are captured first (log-softmax of the
-unprocessed logits), then ``min_tokens`` masking, repetition / frequency / presence penalties,
-then greedy rows take the argmax; sampled rows go through temperature, min-p, top-k, top-p and
-an exponential race (``argmax(probs / q)``, ``q ~ Exp(1)``), which draws exactly one noise
-vector per row, so a seeded row's sample depends only on its own generator and logits.
+unprocessed logits), then ``min_tokens`` masking, repetition / frequency / presence penalties;
+greedy rows take the argmax; sampled rows go through temperature, then min-p, top-k and top-p,
+and finally one uniform draw per row picks a token by inverse CDF over the vocabulary in id
+order. Every filter is reduced to a per-row logit threshold computed from values only (never
+from the order of equal values), so a seeded row's sample depends on its own logits and its
+own generator, not on the rest of the batch. Full sorts are avoided: top-p looks at the top 64
+logits, then the top 1024, and sorts only the rows those do not cover.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import torch
 from engine.outputs import Logprob
 from engine.request import Request
 
-# Exp(1) draws are clamped to this so that ``probs / q`` stays finite (no 0 / 0 = NaN).
-_MIN_NOISE = torch.finfo(torch.float32).tiny
+# Candidate counts tried by top-p before falling back to a full sort of the row.
+_TOP_P_CANDIDATES = (64, 1024)
+# Tokens per chunk of the two-level inverse CDF.
+_CDF_CHUNK = 256
 
 
 @dataclass
@@ -68,52 +73,65 @@ class Sampler:
         if num_rows == 0:
             return SamplerOutput([], [])
         params = [r.sampling_params for r in requests]
-        logits = logits.to(device=self.device, dtype=torch.float32, copy=True)
+        raw = logits.to(device=self.device, dtype=torch.float32)
 
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = None
         if logprob_rows:
-            raw_logprobs = torch.log_softmax(logits[self._index(logprob_rows)], dim=-1)
+            rows = raw if len(logprob_rows) == num_rows else raw[self._index(logprob_rows)]
+            raw_logprobs = torch.log_softmax(rows, dim=-1)
 
-        logits = self._process(logits, requests)
-
-        sampled_ids = torch.empty(num_rows, dtype=torch.long, device=self.device)
+        processed = self.process_logits(raw, requests)
         greedy_rows = [i for i, p in enumerate(params) if p.is_greedy]
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if greedy_rows:
+        if not random_rows:
+            sampled_ids = processed.argmax(dim=-1)
+        elif not greedy_rows:
+            sampled_ids = self._sample(processed, requests)
+        else:
+            sampled_ids = torch.empty(num_rows, dtype=torch.long, device=self.device)
             index = self._index(greedy_rows)
-            sampled_ids[index] = logits[index].argmax(dim=-1)
-        if random_rows:
+            sampled_ids[index] = processed[index].argmax(dim=-1)
             index = self._index(random_rows)
-            sampled_ids[index] = self._sample(logits[index], [requests[i] for i in random_rows])
+            sampled_ids[index] = self._sample(processed[index], [requests[i] for i in random_rows])
 
         logprobs: list[dict[int, Logprob] | None] = [None] * num_rows
         if raw_logprobs is not None:
-            rows = self._gather_logprobs(
+            rows_out = self._gather_logprobs(
                 raw_logprobs,
                 sampled_ids[self._index(logprob_rows)],
                 [params[i].logprobs for i in logprob_rows],
             )
-            for i, row in zip(logprob_rows, rows, strict=True):
+            for i, row in zip(logprob_rows, rows_out, strict=True):
                 logprobs[i] = row
         return SamplerOutput(sampled_token_ids=sampled_ids.tolist(), logprobs=logprobs)
 
-    # ----------------------------------------------------------------------------------------
-    # Logit processing (in place on the float32 copy)
-
-    def process_logits(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-        """The logits that greedy rows take the argmax of: a float32 copy of ``logits
-        [num_rows, vocab]`` with ``min_tokens`` masking and the penalties applied."""
-        logits = logits.to(device=self.device, dtype=torch.float32, copy=True)
-        return self._process(logits, requests)
-
-    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-        self._apply_min_tokens(logits, requests)
-        self._apply_penalties(logits, requests)
-        return logits
-
     def _index(self, rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+
+    def _tensor(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32).to(self.device, non_blocking=True)
+
+    # ----------------------------------------------------------------------------------------
+    # Logit processing
+
+    def process_logits(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """The logits that greedy rows take the argmax of: ``logits [num_rows, vocab]`` as
+        float32 with ``min_tokens`` masking and the penalties applied (a copy when anything
+        changes; ``logits`` itself is never modified)."""
+        work = logits.to(device=self.device, dtype=torch.float32)
+        if work.data_ptr() == logits.data_ptr():
+            work = work.clone() if self._needs_processing(requests) else work
+        self._apply_min_tokens(work, requests)
+        self._apply_penalties(work, requests)
+        return work
+
+    def _needs_processing(self, requests: Sequence[Request]) -> bool:
+        for r in requests:
+            p = r.sampling_params
+            if len(r.output_token_ids) < p.min_tokens or _has_penalty(r):
+                return True
+        return False
 
     def _apply_min_tokens(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
         """Mask the EOS ids and stop token ids of rows with fewer than ``min_tokens`` outputs."""
@@ -136,83 +154,88 @@ class Sampler:
 
     def _apply_penalties(self, logits: torch.Tensor, requests: Sequence[Request]) -> None:
         """Repetition penalty over prompt + output tokens (positive logits divided, negative
-        multiplied); frequency and presence penalties over output tokens
-        (``logits -= frequency * count + presence * (count > 0)``)."""
-        rows = [
+        multiplied), then frequency and presence penalties over output tokens
+        (``logits -= frequency * count + presence``). Works on the ``[rows, num_tokens]`` ids,
+        never on a dense ``[rows, vocab]`` count table."""
+        repetition_rows = [
+            i for i, r in enumerate(requests) if r.sampling_params.repetition_penalty != 1.0
+        ]
+        if repetition_rows:
+            chosen = [requests[i] for i in repetition_rows]
+            ids = self._padded_ids([r.prompt_token_ids + r.output_token_ids for r in chosen])
+            index = self._index(repetition_rows)[:, None]
+            penalty = self._tensor([r.sampling_params.repetition_penalty for r in chosen])
+            values = logits[index, ids]
+            penalized = torch.where(
+                values > 0, values / penalty[:, None], values * penalty[:, None]
+            )
+            # Repeated ids write the same value (gathered before writing), so order is moot.
+            logits[index, ids] = penalized
+
+        count_rows = [
             i
             for i, r in enumerate(requests)
-            if r.sampling_params.repetition_penalty != 1.0
-            or r.sampling_params.frequency_penalty != 0.0
-            or r.sampling_params.presence_penalty != 0.0
+            if r.output_token_ids
+            and (
+                r.sampling_params.frequency_penalty != 0 or r.sampling_params.presence_penalty != 0
+            )
         ]
-        if not rows:
-            return
-        vocab_size = logits.shape[1]
-        chosen = [requests[i] for i in rows]
-        index = self._index(rows)
-        sub = logits[index]  # [num_penalized, vocab]
+        if count_rows:
+            chosen = [requests[i] for i in count_rows]
+            vocab_size = logits.shape[1]
+            # Padding is vocab_size: it sorts last and never counts as a real id.
+            ids = self._padded_ids([r.output_token_ids for r in chosen], pad=vocab_size)
+            ids = ids.sort(dim=-1).values
+            # Occurrences of each id in its row: the width of its run in the sorted row.
+            counts = torch.searchsorted(ids, ids, right=True) - torch.searchsorted(ids, ids)
+            frequency = self._tensor([r.sampling_params.frequency_penalty for r in chosen])
+            presence = self._tensor([r.sampling_params.presence_penalty for r in chosen])
+            penalty = frequency[:, None] * counts.to(torch.float32) + presence[:, None]
+            # Padding then repeats the row's first (smallest) id with that id's penalty.
+            is_pad = ids == vocab_size
+            ids = torch.where(is_pad, ids[:, :1], ids)
+            penalty = torch.where(is_pad, penalty[:, :1], penalty)
+            index = self._index(count_rows)[:, None]
+            logits[index, ids] = logits[index, ids] - penalty
 
-        output_counts = self._token_counts([r.output_token_ids for r in chosen], vocab_size)
-        repetition = torch.tensor(
-            [r.sampling_params.repetition_penalty for r in chosen], dtype=torch.float32
-        ).to(self.device)
-        if bool((repetition != 1.0).any()):
-            prompt_counts = self._token_counts([r.prompt_token_ids for r in chosen], vocab_size)
-            seen = (prompt_counts + output_counts) > 0
-            penalty = torch.where(seen, repetition[:, None], torch.ones_like(sub))
-            sub = torch.where(sub > 0, sub / penalty, sub * penalty)
-        frequency = torch.tensor(
-            [r.sampling_params.frequency_penalty for r in chosen], dtype=torch.float32
-        ).to(self.device)
-        presence = torch.tensor(
-            [r.sampling_params.presence_penalty for r in chosen], dtype=torch.float32
-        ).to(self.device)
-        sub = sub - frequency[:, None] * output_counts
-        sub = sub - presence[:, None] * (output_counts > 0).to(torch.float32)
-        logits[index] = sub
-
-    def _token_counts(self, token_lists: list[list[int]], vocab_size: int) -> torch.Tensor:
-        """``[len(token_lists), vocab_size]`` float32 counts of each token id per list."""
-        max_len = max((len(t) for t in token_lists), default=0)
-        counts = torch.zeros(len(token_lists), vocab_size + 1, device=self.device)
-        if max_len == 0:
-            return counts[:, :vocab_size]
-        # Padding goes to an extra column that is dropped afterwards.
-        padded = torch.full((len(token_lists), max_len), vocab_size, dtype=torch.long)
+    def _padded_ids(self, token_lists: list[list[int]], pad: int | None = None) -> torch.Tensor:
+        """``[len(token_lists), longest]`` int64, padded with ``pad``, or when None with each
+        row's own first id (so padding only repeats an id already there). No list is empty."""
+        longest = max(len(t) for t in token_lists)
+        padded = torch.empty((len(token_lists), longest), dtype=torch.long)
         for i, tokens in enumerate(token_lists):
-            if tokens:
-                padded[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        padded = padded.to(self.device).clamp_(0, vocab_size)
-        counts.scatter_add_(1, padded, torch.ones(padded.shape, device=self.device))
-        return counts[:, :vocab_size]
+            padded[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            padded[i, len(tokens) :] = tokens[0] if pad is None else pad
+        return padded.to(self.device, non_blocking=True)
 
     # ----------------------------------------------------------------------------------------
     # Random sampling
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """Sample from ``logits [rows, vocab]`` (already penalized) for non-greedy ``requests``."""
         params = [r.sampling_params for r in requests]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        logits = logits / temperature.to(self.device)[:, None]
+        temperature = self._tensor([p.temperature for p in params])
+        threshold = sampling_thresholds(
+            logits,
+            temperature,
+            [p.top_k for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+        )
+        # Weights exp((x - max) / T), zero below the row's threshold.
+        inv_temperature = (1.0 / temperature)[:, None]
+        row_max = logits.amax(dim=-1, keepdim=True)
+        weights = torch.addcmul(-row_max * inv_temperature, logits, inv_temperature).exp_()
+        if bool(torch.isfinite(threshold).any()):
+            weights.masked_fill_(logits < threshold[:, None], 0.0)
 
-        min_p = [p.min_p for p in params]
-        if any(m > 0 for m in min_p):
-            probs = torch.softmax(logits, dim=-1)
-            threshold = torch.tensor(min_p, dtype=torch.float32).to(self.device)[:, None]
-            threshold = threshold * probs.max(dim=-1, keepdim=True).values
-            logits = logits.masked_fill(probs < threshold, float("-inf"))
-
-        logits = apply_top_k_top_p(logits, [p.top_k for p in params], [p.top_p for p in params])
-
-        probs = torch.softmax(logits, dim=-1)
-        noise = torch.empty_like(probs)
+        uniform = torch.empty(len(requests), dtype=torch.float64, device=self.device)
         seeded = [i for i, p in enumerate(params) if p.seed is not None]
         if len(seeded) < len(params):
-            noise.exponential_(generator=self.generator)
+            uniform.uniform_(generator=self.generator)
         for i in seeded:
-            noise[i].exponential_(generator=self._request_generator(requests[i]))
-        noise.clamp_(min=_MIN_NOISE)
-        return (probs / noise).argmax(dim=-1)
+            uniform[i : i + 1].uniform_(generator=self._request_generator(requests[i]))
+        return sample_inverse_cdf(weights, uniform)
 
     def _request_generator(self, request: Request) -> torch.Generator:
         if request.generator is None:
@@ -232,57 +255,151 @@ class Sampler:
         sampled_logprobs = logprobs.gather(1, sampled_ids[:, None])  # [rows, 1]
         sampled_ranks = (logprobs > sampled_logprobs).sum(dim=-1) + 1
         max_top = max(num_top)
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
         if max_top > 0:
-            top_values, top_ids = logprobs.topk(max_top, dim=-1)
-            top_values_list, top_ids_list = top_values.tolist(), top_ids.tolist()
+            values, ids = logprobs.topk(max_top, dim=-1)
+            top_values, top_ids = values.tolist(), ids.tolist()
         rows: list[dict[int, Logprob]] = []
-        for i, (token_id, value, rank) in enumerate(
-            zip(
-                sampled_ids.tolist(),
-                sampled_logprobs[:, 0].tolist(),
-                sampled_ranks.tolist(),
-                strict=True,
-            )
-        ):
+        sampled = zip(
+            sampled_ids.tolist(),
+            sampled_logprobs[:, 0].tolist(),
+            sampled_ranks.tolist(),
+            strict=True,
+        )
+        for i, (token_id, value, rank) in enumerate(sampled):
             row = {token_id: Logprob(logprob=value, rank=rank)}
             for k in range(num_top[i]):
-                top_id = top_ids_list[i][k]
-                if top_id not in row:
-                    row[top_id] = Logprob(logprob=top_values_list[i][k], rank=k + 1)
+                if top_ids[i][k] not in row:
+                    row[top_ids[i][k]] = Logprob(logprob=top_values[i][k], rank=k + 1)
             rows.append(row)
         return rows
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """Mask ``logits [rows, vocab]`` to each row's top-k and top-p set (returns a new tensor).
+def _has_penalty(request: Request) -> bool:
+    p = request.sampling_params
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0 or p.presence_penalty != 0
 
-    ``top_k[i] == 0`` and ``top_p[i] == 1`` disable a filter. Top-k keeps every token whose
-    logit is >= the k-th largest (ties at the boundary are kept). Top-p keeps the smallest set
-    of most likely tokens whose probabilities sum to >= p (the most likely token always stays):
-    it drops the least likely tokens whose cumulative probability is <= 1 - p.
+
+def sampling_thresholds(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: list[int],
+    top_p: list[float],
+    min_p: list[float],
+) -> torch.Tensor:
+    """Per row of ``logits [rows, vocab]`` (before temperature), the smallest logit that
+    survives min-p, top-k and top-p at the row's ``temperature [rows]`` (> 0); -inf keeps all.
+
+    ``top_k[i] == 0``, ``top_p[i] == 1`` and ``min_p[i] == 0`` disable a filter. Min-p keeps
+    tokens with probability >= ``min_p`` times the row's highest. Top-k keeps every token whose
+    logit is >= the k-th largest. Top-p keeps the most likely tokens until their probability
+    (after min-p and top-k) sums to >= p. Being thresholds, ties at a boundary are all kept and
+    nothing depends on how a sort orders equal values.
     """
-    vocab_size = logits.shape[1]
-    k_list = [k if 0 < k < vocab_size else 0 for k in top_k]
-    has_top_k = any(k > 0 for k in k_list)
-    has_top_p = any(p < 1.0 for p in top_p)
-    if not has_top_k and not has_top_p:
-        return logits
+    num_rows, vocab_size = logits.shape
     device = logits.device
-    k = torch.tensor([k if k > 0 else vocab_size for k in k_list], dtype=torch.long).to(device)
-    if not has_top_p:
-        # Only top-k: topk of the largest k is cheaper than a full sort.
-        top_values = logits.topk(max(k_list), dim=-1).values
-        kth = top_values.gather(1, (k.clamp(max=top_values.shape[1]) - 1)[:, None])
-        no_limit = (k >= vocab_size)[:, None]
-        return logits.masked_fill((logits < kth) & ~no_limit, float("-inf"))
+    threshold = torch.full((num_rows,), float("-inf"), device=device)
 
-    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=False)
-    if has_top_k:
-        kth = sorted_logits.gather(1, (vocab_size - k)[:, None])
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    p = torch.tensor(top_p, dtype=torch.float32).to(device)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop = cumulative <= (1 - p)[:, None]
-    drop[:, -1] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, sorted_ids, sorted_logits)
+    if any(m > 0 for m in min_p):
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + T * log(min_p)
+        log_min_p = torch.tensor(min_p, dtype=torch.float32).log().to(device)
+        threshold = torch.maximum(threshold, logits.amax(dim=-1) + temperature * log_min_p)
+
+    k_rows = [i for i, k in enumerate(top_k) if 0 < k < vocab_size]
+    if k_rows:
+        index = torch.tensor(k_rows).to(device)
+        k = torch.tensor([top_k[i] for i in k_rows]).to(device)
+        values = logits[index].topk(max(top_k[i] for i in k_rows), dim=-1).values
+        kth = values.gather(1, (k - 1)[:, None])[:, 0]
+        threshold[index] = torch.maximum(threshold[index], kth)
+
+    p_rows = [i for i, p in enumerate(top_p) if p < 1.0]
+    if p_rows:
+        index = torch.tensor(p_rows).to(device)
+        rows = logits[index]
+        scaled = (rows / temperature[index][:, None]).masked_fill_(
+            rows < threshold[index][:, None], float("-inf")
+        )
+        p = torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64).to(device)
+        boundary_ids = _top_p_boundary(scaled, p)
+        threshold[index] = rows.gather(1, boundary_ids[:, None])[:, 0]
+    return threshold
+
+
+def _top_p_boundary(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row of ``scaled [rows, vocab]`` (logits / T, masked), the id of the least likely
+    token among the most likely ones whose probabilities first sum to >= ``top_p [rows]``.
+    Tries the top 64, then the top 1024 candidates, and sorts only the rows still uncovered."""
+    num_rows, vocab_size = scaled.shape
+    log_total = torch.logsumexp(scaled, dim=-1, keepdim=True).double()
+    boundary_ids = torch.empty(num_rows, dtype=torch.long, device=scaled.device)
+    pending = torch.arange(num_rows, device=scaled.device)
+    for num_candidates in (*_TOP_P_CANDIDATES, vocab_size):
+        rows = scaled[pending]
+        if num_candidates >= vocab_size:
+            values, ids = rows.sort(dim=-1, descending=True)
+        else:
+            values, ids = rows.topk(num_candidates, dim=-1)  # descending
+        cumulative = torch.exp(values.double() - log_total[pending]).cumsum(dim=-1)
+        p = top_p[pending][:, None]
+        boundary = (cumulative < p).sum(dim=-1).clamp_(max=values.shape[1] - 1)
+        boundary_ids[pending] = ids.gather(1, boundary[:, None])[:, 0]
+        if num_candidates >= vocab_size:
+            break
+        uncovered = cumulative[:, -1] < p[:, 0]
+        if not bool(uncovered.any()):
+            break
+        pending = pending[uncovered]
+    return boundary_ids
+
+
+def sample_inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Token ids ``[rows]`` drawn from unnormalized ``weights [rows, vocab]`` (>= 0, each row
+    with some positive weight) by inverse CDF in id order, with ``uniform [rows]`` in [0, 1).
+
+    Two levels keep it cheap and accurate: the cumulated sums of 256-token chunks pick a chunk,
+    then a float64 cumsum inside that chunk picks the token. A zero weight is never picked.
+    """
+    num_rows, vocab_size = weights.shape
+    chunk = _CDF_CHUNK
+    num_full = vocab_size // chunk
+    sums = []
+    if num_full:
+        full = weights[:, : num_full * chunk].reshape(num_rows, num_full, chunk)
+        sums.append(full.sum(dim=-1))
+    if vocab_size % chunk:
+        sums.append(weights[:, num_full * chunk :].sum(dim=-1, keepdim=True))
+    # float32 chunk sums (a float64 reduction costs 6x), accumulated across chunks in float64.
+    chunk_cdf = torch.cat(sums, dim=1).double().cumsum(dim=-1)  # [rows, num_chunks]
+    total = chunk_cdf[:, -1]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    chosen = torch.searchsorted(chunk_cdf, target[:, None], right=True)  # [rows, 1]
+    before = torch.where(chosen > 0, chunk_cdf.gather(1, (chosen - 1).clamp(min=0)), 0.0)
+
+    cols = chosen * chunk + torch.arange(chunk, device=weights.device)  # [rows, chunk]
+    in_vocab = cols < vocab_size
+    cols = cols.clamp_(max=vocab_size - 1)
+    local_cdf = (weights.gather(1, cols) * in_vocab).double().cumsum(dim=-1)
+    local_total = local_cdf[:, -1:]
+    within = (target[:, None] - before).clamp(min=0)
+    within = torch.minimum(within, torch.nextafter(local_total, torch.zeros_like(local_total)))
+    position = torch.searchsorted(local_cdf, within, right=True)
+    return cols.gather(1, position)[:, 0]
+
+
+def apply_sampling_filters(
+    logits: torch.Tensor,
+    top_k: list[int],
+    top_p: list[float],
+    min_p: list[float] | None = None,
+    temperature: list[float] | None = None,
+) -> torch.Tensor:
+    """``logits [rows, vocab]`` with what min-p, top-k and top-p remove set to -inf (see
+    ``sampling_thresholds``; temperature 1 unless given). Returns a new tensor."""
+    num_rows = logits.shape[0]
+    temps = torch.tensor(temperature or [1.0] * num_rows, dtype=torch.float32)
+    threshold = sampling_thresholds(
+        logits, temps.to(logits.device), top_k, top_p, min_p or [0.0] * num_rows
+    )
+    return logits.masked_fill(logits < threshold[:, None], float("-inf"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.request import Request
-from engine.sampler import Sampler, apply_top_k_top_p
+from engine.sampler import Sampler, apply_sampling_filters, sample_inverse_cdf
 from engine.sampling_params import SamplingParams
 
 VOCAB_SIZE = 50
@@ -141,17 +141,47 @@ def test_seeded_generator_created_once_and_n_sequences_differ():
     assert [t[0] for t in tokens] != [t[1] for t in tokens]
 
 
-def test_top_k_top_p_mask_matches_reference():
-    logits = random_logits(40, seed=3, scale=3.0)
-    top_k = [0, 1, 5, 17, 49, 50, 3, 0] * 5
-    top_p = [0.3, 1.0, 0.9, 0.5, 0.99, 1.0, 1.0, 0.75] * 5
-    masked = apply_top_k_top_p(logits, top_k, top_p)
-    for i in range(40):
-        params = SamplingParams(top_k=top_k[i], top_p=top_p[i])
+def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None):
+    temperature = temperature or [1.0] * logits.shape[0]
+    masked = apply_sampling_filters(logits, top_k, top_p, min_p, temperature)
+    for i in range(logits.shape[0]):
+        params = SamplingParams(
+            top_k=top_k[i], top_p=top_p[i], min_p=min_p[i], temperature=temperature[i]
+        )
         expected = allowed_tokens_reference(logits[i].tolist(), params)
         kept = set(torch.isfinite(masked[i]).nonzero().flatten().tolist())
-        assert kept == expected, f"row {i} (top_k={top_k[i]}, top_p={top_p[i]})"
-        assert torch.equal(masked[i][list(kept)], logits[i][list(kept)])
+        assert kept == expected, f"row {i} ({params})"
+        assert torch.equal(masked[i][sorted(kept)], logits[i][sorted(kept)])
+
+
+def test_top_k_top_p_min_p_masks_match_reference():
+    logits = random_logits(48, seed=3, scale=3.0)
+    top_k = [0, 1, 5, 17, 49, 50, 3, 0] * 6
+    top_p = [0.3, 1.0, 0.9, 0.5, 0.99, 1.0, 1.0, 0.75] * 6
+    min_p = [0.0] * 16 + [0.05, 0.3, 0.0, 0.01, 0.2, 0.5, 1.0, 0.1] * 4
+    assert_masks_match_reference(logits, top_k, top_p, min_p)
+    temperature = [0.3, 0.7, 1.0, 1.5, 2.0, 0.9] * 8
+    assert_masks_match_reference(logits, top_k, top_p, min_p, temperature)
+
+
+def test_top_p_over_a_large_vocab_uses_every_candidate_stage():
+    # Peaked rows are settled by the top 64, flatter ones need the top 1024 or a full sort.
+    vocab_size = 3000
+    scales = [8.0, 3.0, 1.0, 0.3, 0.05, 2.0]
+    logits = torch.cat(
+        [
+            random_logits(1, seed=20 + i, vocab_size=vocab_size, scale=s)
+            for i, s in enumerate(scales)
+        ]
+    )
+    top_p = [0.95, 0.9, 0.8, 0.9, 0.5, 0.99]
+    kept_counts = []
+    for top_k in ([0] * 6, [0, 0, 0, 2000, 0, 100]):
+        assert_masks_match_reference(logits, top_k, top_p, [0.0] * 6)
+        masked = apply_sampling_filters(logits, top_k, top_p)
+        kept_counts.append(torch.isfinite(masked).sum(dim=-1).tolist())
+    counts = kept_counts[0]
+    assert min(counts) < 64 and any(64 < c <= 1024 for c in counts) and max(counts) > 1024
 
 
 @pytest.mark.parametrize(
@@ -275,28 +305,51 @@ def test_logprobs_are_raw_log_softmax_with_ranks():
     assert out.logprobs[2][out.sampled_token_ids[2]].rank == 1
 
 
-def chi_square(counts: Counter, probs: list[float], num_draws: int) -> float:
-    return sum(
-        (counts.get(t, 0) - num_draws * p) ** 2 / (num_draws * p) for t, p in enumerate(probs)
-    )
+def chi_square(counts: Counter, probs: dict[int, float], num_draws: int) -> float:
+    return sum((counts.get(t, 0) - num_draws * p) ** 2 / (num_draws * p) for t, p in probs.items())
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["shared", "per-request"])
 def test_empirical_distribution_matches_softmax(seeded):
-    num_draws = 20_000
-    row = torch.tensor([1.0, 0.5, 0.0, -0.3, -1.0, 0.8, -2.0, 0.2])
-    probs = torch.softmax(row / 0.7, dim=0).tolist()
+    # Eight likely tokens on both sides of the inverse CDF's 256-token chunk boundaries (and in
+    # the short last chunk); the other 992 are so unlikely that they never show up.
+    num_draws, vocab_size = 20_000, 1000
+    likely = [0, 255, 256, 300, 511, 512, 768, 999]
+    row = torch.full((vocab_size,), -30.0)
+    row[likely] = torch.tensor([1.0, 0.5, 0.0, -0.3, -1.0, 0.8, -2.0, 0.2])
+    probs = dict(zip(likely, torch.softmax(row[likely] / 0.7, dim=0).tolist(), strict=True))
     sampler = Sampler("cpu", seed=123)
     requests = [
         make_request(SamplingParams(temperature=0.7, seed=(k if seeded else None)))
         for k in range(num_draws)
     ]
     counts = Counter(sampler(row.expand(num_draws, -1), requests).sampled_token_ids)
+    assert set(counts) <= set(likely)
     # 7 degrees of freedom: P(chi2 > 29.9) = 1e-4, so a correct sampler fails ~never;
     # a wrong temperature (e.g. 1.0) gives a statistic in the hundreds.
     assert chi_square(counts, probs, num_draws) < 29.9
-    wrong = torch.softmax(row, dim=0).tolist()
+    wrong = dict(zip(likely, torch.softmax(row[likely], dim=0).tolist(), strict=True))
     assert chi_square(counts, wrong, num_draws) > 100
+
+
+def test_inverse_cdf_matches_a_plain_cumsum_search():
+    generator = torch.Generator().manual_seed(30)
+    vocab_size = 1000  # three full 256-token chunks and a short one
+    weights = torch.rand(6, vocab_size, generator=generator)
+    weights[weights < 0.9] = 0.0  # sparse, with whole empty stretches
+    weights[5] = 0.0
+    weights[5, [0, 256, 999]] = torch.tensor([1.0, 2.0, 3.0])
+    for uniform in [torch.rand(6, generator=generator, dtype=torch.float64) for _ in range(200)]:
+        got = sample_inverse_cdf(weights, uniform).tolist()
+        for i in range(6):
+            cdf = weights[i].double().cumsum(0)
+            expected = int((cdf <= uniform[i] * cdf[-1]).sum())
+            assert got[i] == expected, (i, uniform[i].item())
+    edges = torch.tensor([0.0, 1.0 - 2**-53], dtype=torch.float64)
+    assert sample_inverse_cdf(weights[5:].expand(2, -1), edges).tolist() == [0, 999]
+    late = torch.zeros(2, vocab_size)
+    late[:, [300, 998]] = 1.0  # empty first chunk, empty end of the last one
+    assert sample_inverse_cdf(late, edges).tolist() == [300, 998]
 
 
 def test_bad_logits_shape_is_a_value_error():
