@@ -107,7 +107,7 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
             return
         queues = {q.name for q in app.amqp.queues.consume_from.values()}
         normal = queue_name("normal", rt.settings.queue_prefix)
-        rt.lanes.attach(app, sender.hostname, consumes_normal=normal in queues)
+        rt.lanes.attach(app, sender, consumes_normal=normal in queues)
         rt.metrics.worker_ready.set(1)
 
     def on_shutting_down(**_: Any) -> None:

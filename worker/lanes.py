@@ -4,13 +4,16 @@
 high lane) or the engine's backlog of unfinished requests reached its limit. Pausing uses
 Celery's own ``cancel_consumer`` / ``add_consumer`` control commands addressed to this worker,
 so the change runs on the consumer's thread. A normal chunk that slips in before the pause
-takes effect is handed back to the front of its queue (``should_hand_back``).
+takes effect is handed back to the front of its queue (``should_hand_back``). Only the
+watcher thread sends commands (a command may block while the broker is away), and it compares
+the wish with what the consumer really does, so a resume lost in a reconnect is sent again.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,17 +40,22 @@ class LaneController:
         self.is_normal_paused = False
         self._lock = threading.Lock()
         self._control: Callable[[str, str], None] | None = None
+        self._consumer: Any = None
+        self._last_command_at = 0.0
+        self.resend_s = 2.0  # a command not yet applied is sent again after this
         self._consumes_normal = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def attach(self, app: Any, hostname: str, consumes_normal: bool) -> None:
+    def attach(self, app: Any, consumer: Any, consumes_normal: bool) -> None:
         """Start steering this worker's consumer (called once it is ready)."""
+        hostname = consumer.hostname
 
         def control(command: str, queue: str) -> None:
             getattr(app.control, command)(queue, destination=[hostname], reply=False)
 
         self._control = control
+        self._consumer = consumer
         self._consumes_normal = consumes_normal
         self._thread = threading.Thread(target=self._watch, name="tidal-lanes", daemon=True)
         self._thread.start()
@@ -69,22 +77,30 @@ class LaneController:
     def started(self, task_id: str, lane: str) -> None:
         with self._lock:
             self.in_flight[task_id] = lane
-        self.check()
 
     def finished(self, task_id: str) -> None:
         with self._lock:
             self.in_flight.pop(task_id, None)
-        self.check()
+
+    def is_consuming_normal(self) -> bool:
+        """What the consumer really does (it forgets a resume across a broker reconnect)."""
+        task_consumer = getattr(self._consumer, "task_consumer", None)
+        return task_consumer is not None and task_consumer.consuming_from(self.normal_queue)
 
     def check(self) -> None:
         """Pause or resume the normal lane to match the current load."""
         if self._control is None or not self._consumes_normal:
             return
         is_full = self.is_full()
+        is_paused = not self.is_consuming_normal()
+        now = time.monotonic()
         with self._lock:
-            if is_full == self.is_normal_paused:
+            self.is_normal_paused = is_paused
+            if is_full == is_paused or now - self._last_command_at < self.resend_s:
+                if is_full == is_paused:
+                    self._last_command_at = 0.0
                 return
-            self.is_normal_paused = is_full
+            self._last_command_at = now
         command = "cancel_consumer" if is_full else "add_consumer"
         logger.info("%s %s (normal chunks %d, engine backlog %d)", command, self.normal_queue,
                     self.num_normal(), self.engine_backlog())  # fmt: skip
@@ -92,8 +108,6 @@ class LaneController:
             self._control(command, self.normal_queue)
         except Exception as exc:  # the broker may be restarting; the watcher tries again
             logger.warning("lane control %s failed: %s", command, exc)
-            with self._lock:
-                self.is_normal_paused = not is_full
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -1,0 +1,46 @@
+"""Helpers for the worker tests: submit a job, and check "what goes in comes out, once"."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+
+from producer import Client
+from producer.jobs import JobState, JobStatus
+from producer.settings import ProducerSettings
+from tests.worker.conftest import BUCKET, make_lines
+
+
+def make_client(redis_url: str, s3_url: str, chunk_size: int = 8, bucket: str = BUCKET) -> Client:
+    settings = ProducerSettings(
+        broker_url=redis_url,
+        storage_url=f"s3://{bucket}/jobs",
+        s3_endpoint_url=s3_url,
+        chunk_size=chunk_size,
+    )
+    return Client(settings=settings)
+
+
+def submit(client: Client, tmp_path, num_lines: int, max_tokens: int, priority: str = "normal",
+           tag: str = "doc"):  # fmt: skip
+    lines = make_lines(num_lines, max_tokens=max_tokens, tag=tag)
+    path = tmp_path / f"{tag}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return client.submit_batch(path, priority=priority), lines
+
+
+def check_exactly_once(client: Client, job_id: str, lines: list[str], s3_url: str) -> JobStatus:
+    """Every input line has exactly one output line, in order, one result object per chunk."""
+    status = client.status(job_id)
+    assert status.state == JobState.COMPLETED, status
+    assert status.num_succeeded + status.num_failed == len(lines), status
+    assert status.num_chunks_done == status.num_chunks, status
+    results = list(client.results(job_id))
+    assert [r["custom_id"] for r in results] == [json.loads(ln)["custom_id"] for ln in lines]
+    assert all(r["error"] is None for r in results), [r for r in results if r["error"]][:3]
+    s3 = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"jobs/{job_id}/results/")
+    keys = sorted(o["Key"] for o in listing["Contents"])
+    assert keys == [f"jobs/{job_id}/results/part-{i:05d}.jsonl" for i in range(status.num_chunks)]
+    return status

@@ -1,0 +1,147 @@
+"""Faults while a job runs: kill -9, SIGTERM, a Redis restart, S3 500s, a missing bucket / 403.
+
+Each test checks the delivery guarantee: every accepted line ends with exactly one output
+line and every chunk with exactly one result object; duplicates are counted, nothing lost.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import boto3
+import pytest
+import redis
+
+from producer.jobs import JobState
+from producer.queues import dead_letter_key, inflight_key
+from producer.storage import PermanentStorageError
+from tests.worker.conftest import wait_for, worker_env
+from tests.worker.jobcheck import check_exactly_once, make_client, submit
+from tests.worker.s3_fault_proxy import S3FaultProxy
+
+pytestmark = pytest.mark.slow
+
+FAST_RECOVERY = {
+    "TIDAL_VISIBILITY_TIMEOUT_S": "6",
+    "TIDAL_UNACKED_RESTORE_INTERVAL_S": "1",
+    "TIDAL_UNACKED_RESTORE_THROTTLE": "1",
+}
+
+
+def _mid_job(client, job_id: str, min_chunks: int = 1):
+    """Wait until some chunks are done and others are running; return that status."""
+
+    def progress():
+        status = client.status(job_id)
+        num_running = client.redis.hlen(inflight_key())
+        return status.num_chunks_done >= min_chunks and num_running >= 1 and status
+
+    status = wait_for(progress, 240, "progress with chunks in flight", interval_s=0.05)
+    assert status.num_chunks_done < status.num_chunks, "the job finished before the fault"
+    return status
+
+
+def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path):
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=96, max_tokens=48)
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY)
+    first = start_worker(env)
+    first.wait_ready()
+    _mid_job(client, handle.job_id)
+    first.stop(signal.SIGKILL)
+    assert client.status(handle.job_id).state != JobState.COMPLETED
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(first.metrics_port + 1)})
+    second.wait_ready()
+    client.wait(handle.job_id, timeout_s=300)
+    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
+
+
+def test_sigterm_hands_back_within_soft_timeout(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=96, max_tokens=48)
+    # A visibility timeout of hours: only the hand-back at shutdown can bring chunks back.
+    env = worker_env(
+        redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_SOFT_SHUTDOWN_TIMEOUT_S="3"
+    )
+    first = start_worker(env)
+    first.wait_ready()
+    _mid_job(client, handle.job_id)
+    start = time.monotonic()
+    first.stop(signal.SIGTERM, timeout_s=30)
+    stop_s = time.monotonic() - start
+    assert stop_s < 15, f"worker took {stop_s:.1f} s to stop after SIGTERM:\n{first.tail()}"
+    log = first.tail(20000)
+    assert "Soft Shutdown" in log or "Restoring" in log or "handing back" in log, log
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(first.metrics_port + 1)})
+    second.wait_ready()
+    client.wait(handle.job_id, timeout_s=300)
+    check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+
+
+def test_redis_restart_mid_job(redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path):
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=96, max_tokens=48)
+    worker = start_worker(
+        worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY)
+    )
+    worker.wait_ready()
+    _mid_job(client, handle.job_id)
+    redis_server.restart()  # same port and dir; AOF (fsync always) brings the data back
+    client.wait(handle.job_id, timeout_s=300)
+    check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+
+
+def test_s3_errors_for_a_while(redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path):
+    proxy = S3FaultProxy(s3_endpoint)
+    try:
+        client = make_client(redis_server.url, s3_endpoint)
+        handle, lines = submit(client, tmp_path, num_lines=32, max_tokens=4)
+        proxy.fail_next(14)  # more than boto3's 5 attempts: whole chunks must be retried too
+        env = worker_env(redis_server.url, proxy.url, tiny_model_dir)
+        worker = start_worker(env)
+        worker.wait_ready()
+        client.wait(handle.job_id, timeout_s=300)
+        assert proxy.num_failed == 14
+        check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+        assert "retry in" in worker.tail(50000)
+    finally:
+        proxy.close()
+
+
+def test_missing_bucket_and_403_fail_fast(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    # The producer refuses at once, before anything is queued.
+    start = time.monotonic()
+    with pytest.raises(PermanentStorageError, match="no-such-bucket"):
+        submit(make_client(redis_server.url, s3_endpoint, bucket="no-such-bucket"), tmp_path, 4, 4)
+    proxy = S3FaultProxy(s3_endpoint)
+    proxy.forbid()
+    try:
+        with pytest.raises(PermanentStorageError, match="403|AccessDenied"):
+            submit(make_client(redis_server.url, proxy.url), tmp_path, 4, 4)
+        assert time.monotonic() - start < 10
+        r = redis.Redis.from_url(redis_server.url)
+        assert r.llen("tidal.normal") == 0
+
+        # A worker that is refused by S3 fails the job (no retry loop) and dead-letters it.
+        client = make_client(redis_server.url, s3_endpoint)
+        handle, _ = submit(client, tmp_path, num_lines=16, max_tokens=4)
+        worker = start_worker(worker_env(redis_server.url, proxy.url, tiny_model_dir))
+        worker.wait_ready()
+        status = client.wait(handle.job_id, timeout_s=60)
+        assert status.state == JobState.FAILED
+        assert "403" in status.error and "permanent" in status.error
+        dead = [json.loads(d) for d in r.lrange(dead_letter_key(), 0, -1)]
+        assert dead and all(d["reason"] == "permanent" for d in dead)
+        assert "retry in" not in worker.tail(50000)
+    finally:
+        proxy.close()
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    listing = s3.list_objects_v2(Bucket="tidal-test", Prefix=f"jobs/{handle.job_id}/results/")
+    assert listing.get("KeyCount", 0) == 0
