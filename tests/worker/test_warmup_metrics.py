@@ -1,0 +1,100 @@
+"""The warm-up task (and its expiry), the beat schedule, and the metrics endpoint after a job."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from producer.jobs import WARMUP_TASK, JobState
+from producer.queues import queue_name
+from tests.worker.conftest import wait_for, worker_env
+from tests.worker.jobcheck import make_client, submit
+
+METRIC_NAMES = {
+    "tidal_queue_depth", "tidal_chunks_in_flight", "tidal_jobs_completed_total",
+    "tidal_jobs_failed_total", "tidal_requests_completed_total", "tidal_requests_failed_total",
+    "tidal_prompt_tokens_total", "tidal_generation_tokens_total",
+    "tidal_time_to_first_token_seconds", "tidal_request_latency_seconds",
+    "tidal_queue_wait_seconds", "tidal_engine_requests_running", "tidal_engine_requests_waiting",
+    "tidal_kv_cache_usage_ratio", "tidal_preemptions_total", "tidal_prefix_cache_queries_total",
+    "tidal_prefix_cache_hits_total", "tidal_chunk_duplicates_total", "tidal_worker_ready",
+    "tidal_warmup_duration_seconds",
+}  # fmt: skip
+
+
+def test_beat_schedule_from_cron():
+    from worker.celery_app import beat_schedule
+    from worker.settings import WorkerSettings
+
+    assert beat_schedule(WorkerSettings()) == {}
+    entry = beat_schedule(WorkerSettings(warmup_cron="50 7 * * 1-5", warmup_expires_s=300))[
+        "tidal-warmup"
+    ]
+    assert entry["task"] == WARMUP_TASK
+    assert entry["options"] == {"queue": "tidal.high", "expires": 300}
+    assert entry["schedule"].hour == {7} and entry["schedule"].minute == {50}
+    assert entry["schedule"].day_of_week == {1, 2, 3, 4, 5}
+    with pytest.raises(ValueError, match="5 fields"):
+        beat_schedule(WorkerSettings(warmup_cron="every morning"))
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.mark.slow
+def test_warmup_task_and_metrics_after_a_job(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    client = make_client(redis_server.url, s3_endpoint)
+    high = queue_name("high")
+    # A stale warm-up (expired before any worker was up) is dropped, a fresh one runs.
+    client.sender.send_task(WARMUP_TASK, queue=high, expires=1.0)
+    time.sleep(1.5)
+    worker = start_worker(worker_env(redis_server.url, s3_endpoint, tiny_model_dir))
+    worker.wait_ready()
+    stale = "Discarding revoked task: tidal.warmup"  # how Celery drops an expired message
+    wait_for(lambda: stale in worker.tail(50000), 30, "the stale warm-up to be dropped")
+    client.sender.send_task(WARMUP_TASK, queue=high, expires=60)
+    wait_for(lambda: "warm-up: {'ready': True" in worker.tail(50000), 60, "the warm-up report")
+    assert worker.tail(50000).count("warm-up: {'ready': True") == 1
+
+    handle, lines = submit(client, tmp_path, num_lines=24, max_tokens=6)
+    bad = '{"custom_id": "bad", "url": "/v1/chat/completions", "body": {"messages": []}}'
+    (tmp_path / "mixed.jsonl").write_text("\n".join([*lines[:4], bad]) + "\n")
+    mixed = client.submit_batch(tmp_path / "mixed.jsonl")
+    for job in (handle, mixed):
+        assert client.wait(job.job_id, timeout_s=120).state == JobState.COMPLETED
+    text = worker.metrics_text()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    names |= {f"{n}_total" for n in names}  # the parser drops _total from counter families
+    assert METRIC_NAMES <= names, METRIC_NAMES - names
+    s = _samples(text)
+    assert s[("tidal_requests_completed_total", ())] == 28
+    assert s[("tidal_requests_failed_total", (("reason", "invalid_request"),))] == 1
+    assert s[("tidal_generation_tokens_total", ())] == 28 * 6
+    assert s[("tidal_prompt_tokens_total", ())] > 28 * 5
+    assert s[("tidal_jobs_completed_total", ())] == 2
+    assert s[("tidal_request_latency_seconds_count", ())] == 28
+    assert s[("tidal_time_to_first_token_seconds_count", ())] == 28
+    assert s[("tidal_request_latency_seconds_bucket", (("le", "28800.0"),))] == 28
+    assert s[("tidal_queue_wait_seconds_count", (("lane", "normal"),))] == 4  # 3 + 1 chunks
+    assert s[("tidal_queue_depth", (("lane", "normal"),))] == 0
+    assert s[("tidal_queue_depth", (("lane", "high"),))] == 0
+    assert s[("tidal_chunks_in_flight", ())] == 0
+    assert s[("tidal_worker_ready", ())] == 1
+    assert s[("tidal_warmup_duration_seconds", ())] > 0
+    assert 0 <= s[("tidal_kv_cache_usage_ratio", ())] <= 1
+    assert s[("tidal_engine_requests_running", ())] == 0
+    assert s[("tidal_engine_requests_waiting", ())] == 0
+    # The 4 lines of the second job repeat the first job's prompts: prefix cache hits.
+    assert (
+        0 < s[("tidal_prefix_cache_hits_total", ())] <= s[("tidal_prefix_cache_queries_total", ())]
+    )
+    assert s[("tidal_chunk_duplicates_total", ())] == 0
