@@ -37,8 +37,21 @@ class IncrementalDetokenizer:
         context = list(prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
         self._token_ids = context
         self._prefix_offset = 0
+        # Characters emitted past ``_read_offset`` while the window ends in a cut character.
+        self._num_window_chars = 0
         self._read_offset = len(context)
-        self._num_window_chars = 0  # chars emitted past ``_read_offset`` (before a cut char)
+        context_text = self._decode(context)
+        if context_text.endswith(_REPLACEMENT_CHAR):
+            # The prompt ends inside a multi-byte character, which the output will complete:
+            # the tokens holding its first bytes go back into the window still to be read, and
+            # the complete text they also hold counts as emitted (it is the prompt's).
+            while self._read_offset > 0 and self._decode(context[: self._read_offset]).endswith(
+                _REPLACEMENT_CHAR
+            ):
+                self._read_offset -= 1
+            num_complete = len(context_text.rstrip(_REPLACEMENT_CHAR))
+            num_read = len(self._decode(context[: self._read_offset]))
+            self._num_window_chars = max(0, num_complete - num_read)
         self._token_text_cache: dict[int, str] = {}
 
     def update(self, new_token_ids: list[int], check_stop: bool = True) -> str | None:
@@ -68,11 +81,8 @@ class IncrementalDetokenizer:
         text before them is emitted, counted in ``_num_window_chars`` until the window moves.
         """
         ids = self._token_ids
-        skip = self.skip_special_tokens
-        prefix_text = self.tokenizer.decode(
-            ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip
-        )
-        new_text = self.tokenizer.decode(ids[self._prefix_offset :], skip_special_tokens=skip)
+        prefix_text = self._decode(ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(ids[self._prefix_offset :])
         is_incomplete = new_text.endswith(_REPLACEMENT_CHAR)
         if is_incomplete:
             new_text = new_text.rstrip(_REPLACEMENT_CHAR)
@@ -86,6 +96,9 @@ class IncrementalDetokenizer:
             self._read_offset = len(ids)
             self._num_window_chars = 0
         return delta
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def _check_stop_strings(self, num_chars_before: int) -> str | None:
         """Find the earliest stop string that overlaps the text added since

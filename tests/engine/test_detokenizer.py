@@ -175,3 +175,17 @@ def test_decode_token(tokenizer):
     assert detok.decode_token(tokenizer.eos_token_id) == "<|im_end|>"
     for token_id in (88, 2756, 7906, 15107):
         assert detok.decode_token(token_id) == tokenizer.decode([token_id], False)
+
+
+def test_prompt_ending_inside_a_character_leaves_it_to_the_output(tokenizer):
+    ids = tokenizer.encode("Party 🎉 time, 中文!", add_special_tokens=False)
+    full = tokenizer.decode(ids)
+    cut_points = [k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert cut_points
+    for k in cut_points:
+        prompt_text = reference_text(tokenizer, ids[:k])
+        detok = IncrementalDetokenizer(tokenizer, ids[:k], SamplingParams())
+        for token_id in ids[k:]:
+            detok.update([token_id])
+            assert "\ufffd" not in detok.output_text
+        assert detok.output_text == full[len(prompt_text) :], k
