@@ -81,13 +81,28 @@ def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
 
 
 def _dead_lettering_consumer(rt: WorkerRuntime) -> type[Consumer]:
+    def record(reason: str, message: Any, exc: Any) -> None:
+        dead_letter(rt.redis, rt.settings.queue_prefix, reason, repr(exc), message.body,
+                    storage=None)  # fmt: skip
+
     class DeadLetteringConsumer(Consumer):
-        """Celery acks undecodable messages and drops them; record them first."""
+        """Celery drops poison messages (logged, acked or rejected); record them first."""
 
         def on_decode_error(self, message: Any, exc: Exception) -> None:
-            dead_letter(rt.redis, rt.settings.queue_prefix, "undecodable", repr(exc),
-                        message.body, storage=None)  # fmt: skip
+            record("undecodable", message, exc)
             super().on_decode_error(message, exc)
+
+        def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+            record("undecodable", message, exc)  # pickle refused, broken JSON, bad envelope
+            super().on_invalid_task(body, message, exc)
+
+        def on_unknown_message(self, body: Any, message: Any) -> None:
+            record("unknown_message", message, "not a task message")
+            super().on_unknown_message(body, message)
+
+        def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+            record("unknown_task", message, exc)
+            super().on_unknown_task(body, message, exc)
 
     return DeadLetteringConsumer
 

@@ -98,3 +98,37 @@ def test_warmup_task_and_metrics_after_a_job(
         0 < s[("tidal_prefix_cache_hits_total", ())] <= s[("tidal_prefix_cache_queries_total", ())]
     )
     assert s[("tidal_chunk_duplicates_total", ())] == 0
+
+    # Poison messages are dead-lettered, never run or retried: a pickle message (JSON only)
+    # and a body that is not JSON at all.
+    import base64
+    import json as _json
+
+    from producer.queues import dead_letter_key
+
+    def raw_message(body: bytes, content_type: str) -> str:
+        return _json.dumps({
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "binary" if "pickle" in content_type else "utf-8",
+            "content-type": content_type,
+            "headers": {"task": "tidal.run_chunk", "id": "poison", "lang": "py"},
+            "properties": {
+                "body_encoding": "base64",
+                "delivery_tag": "poison-tag",
+                "delivery_info": {"exchange": "", "routing_key": "tidal.normal"},
+                "priority": 0,
+            },
+        })  # fmt: skip
+
+    client.redis.lpush(
+        "tidal.normal", raw_message(b"\x80\x04K\x01.", "application/x-python-serialize")
+    )
+    client.redis.lpush("tidal.normal", raw_message(b"{not json", "application/json"))
+
+    def dead_letters():
+        return [_json.loads(d) for d in client.redis.lrange(dead_letter_key(), 0, -1)]
+
+    wait_for(lambda: len(dead_letters()) == 2, 30, "two dead letters")
+    assert {d["reason"] for d in dead_letters()} == {"undecodable"}
+    assert client.redis.llen("tidal.normal") == 0
+    assert worker.proc.poll() is None
