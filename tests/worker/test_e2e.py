@@ -9,7 +9,7 @@ import sys
 import boto3
 import pytest
 
-from producer import Client
+from producer import Client, JobHandle
 from producer.jobs import JobState
 from producer.settings import ProducerSettings
 from tests.worker.conftest import BUCKET, REPO, make_lines, worker_env
@@ -25,6 +25,13 @@ def _client(redis_server, s3_endpoint, chunk_size: int = 16) -> Client:
         chunk_size=chunk_size,
     )
     return Client(settings=settings)
+
+
+def _tidal(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "producer.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def _custom_id(raw: str) -> str | None:
@@ -51,12 +58,14 @@ def test_bulk_job_end_to_end(redis_server, s3_endpoint, tiny_model_dir, start_wo
     input_path = tmp_path / "input.jsonl"
     input_path.write_text("\n".join(lines) + "\n")
     client = _client(redis_server, s3_endpoint)
-    handle = client.submit_batch(input_path)
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_CHUNK_SIZE="16")
+    job_id = _tidal(env, "submit", str(input_path)).strip()
+    handle = JobHandle(client, job_id)
     status = handle.status()
     # 4 lines are malformed (known at once); the 5th is too long for the model (known later).
     assert status.num_lines == 104 and status.num_invalid == 4 and status.num_chunks == 7
 
-    worker = start_worker(worker_env(redis_server.url, s3_endpoint, tiny_model_dir))
+    worker = start_worker(env)
     worker.wait_ready()
     results = handle.result(timeout_s=300)
     status = handle.status()
@@ -84,6 +93,12 @@ def test_bulk_job_end_to_end(redis_server, s3_endpoint, tiny_model_dir, start_wo
         s3.get_object(Bucket=BUCKET, Key=f"jobs/{handle.job_id}/manifest.json")["Body"].read()
     )
     assert manifest["state"] == "completed" and manifest["num_succeeded"] == 99
+
+    # The CLI reads the same state and results.
+    assert json.loads(_tidal(env, "status", job_id))["state"] == "completed"
+    cli_out = tmp_path / "cli.out.jsonl"
+    _tidal(env, "results", job_id, "-o", str(cli_out))
+    assert [json.loads(ln) for ln in cli_out.read_text().splitlines()] == results
 
     # The same input through `tidal run` gives the same lines (except ids and timestamps).
     out_path = tmp_path / "local.out.jsonl"
