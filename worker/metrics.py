@@ -8,11 +8,14 @@ stale. Queue depth counts every Redis priority sub-list of a lane (``redis_list_
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from producer.queues import LANES, inflight_key, queue_name, redis_list_keys
 
@@ -78,10 +81,29 @@ class WorkerMetrics:
         """A sample's current value (``name`` as exposed, e.g. ``..._total``)."""
         return self.registry.get_sample_value(name, labels or {})
 
-    def serve(self, port: int) -> None:
-        """Expose ``/metrics`` on ``port`` (a daemon thread)."""
-        start_http_server(port, registry=self.registry)
-        logger.info("metrics on :%d/metrics", port)
+    def serve(self, port: int, is_alive: Callable[[], bool], is_ready: Callable[[], bool]) -> None:
+        """Serve on ``port`` (a daemon thread): ``/metrics``; ``/healthz`` 200 while the
+        process and its engine loop live (also while loading), else 503; ``/ready`` 200 once
+        warm and consuming, else 503."""
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "/")
+            if path in ("/healthz", "/ready"):
+                is_ok = is_alive() if path == "/healthz" else is_ready()
+                status = "200 OK" if is_ok else "503 Service Unavailable"
+                start_response(status, [("Content-Type", "text/plain")])
+                return [b"ok\n" if is_ok else b"not ok\n"]
+            return metrics_app(environ, start_response)
+
+        server = make_server("", port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, name="tidal-metrics", daemon=True).start()
+        logger.info("metrics on :%d/metrics (probes /healthz, /ready)", port)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds
+        return None
 
 
 class _LiveCollector:

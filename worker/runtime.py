@@ -63,6 +63,8 @@ class WorkerRuntime:
             from engine.llm_engine import LLMEngine
 
             start = time.monotonic()
+            if self.settings.metrics_port:  # up before the (long) load: the startup probe
+                self.metrics.serve(self.settings.metrics_port, self.is_alive, self.is_ready)
             self.engine = LLMEngine(self.settings.engine_config())
             self.loop = EngineLoop(self.engine)
             self.generate_once()
@@ -72,11 +74,20 @@ class WorkerRuntime:
             live.redis, live.prefix = self.redis, self.settings.queue_prefix
             live.engine_stats = self.loop.stats
             live.chunks_in_flight = lambda: len(self.lanes.in_flight)
-            if self.settings.metrics_port:
-                self.metrics.serve(self.settings.metrics_port)
             logger.info("engine ready in %.1f s (max_model_len %d)", duration_s,
                         self.engine.max_model_len)  # fmt: skip
             return duration_s
+
+    def is_alive(self) -> bool:
+        """False once the engine loop has died (the process is about to exit non-zero)."""
+        return self.loop is None or not self.loop.is_dead
+
+    def is_ready(self) -> bool:
+        return (
+            self.loop is not None
+            and not self.loop.is_dead
+            and bool(self.metrics.value("tidal_worker_ready"))
+        )
 
     def generate_once(self) -> float:
         """One short greedy generation through the loop (warm-up); returns its seconds."""

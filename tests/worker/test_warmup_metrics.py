@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -72,6 +73,9 @@ def test_warmup_task_and_metrics_after_a_job(
     for job in (handle, mixed):
         assert client.wait(job.job_id, timeout_s=120).state == JobState.COMPLETED
     text = worker.metrics_text()
+    for probe in ("/healthz", "/ready"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}{probe}") as r:
+            assert r.status == 200
     names = {f.name for f in text_string_to_metric_families(text)}
     names |= {f"{n}_total" for n in names}  # the parser drops _total from counter families
     assert METRIC_NAMES <= names, METRIC_NAMES - names
