@@ -100,7 +100,7 @@ class Sampler:
             rows_out = self._gather_logprobs(
                 raw_logprobs,
                 sampled_ids[self._index(logprob_rows)],
-                [params[i].logprobs for i in logprob_rows],
+                [params[i].logprobs or 0 for i in logprob_rows],
             )
             for i, row in zip(logprob_rows, rows_out, strict=True):
                 logprobs[i] = row
@@ -239,8 +239,10 @@ class Sampler:
 
     def _request_generator(self, request: Request) -> torch.Generator:
         if request.generator is None:
+            seed = request.sampling_params.seed
+            assert seed is not None
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(request.sampling_params.seed + request.index)
+            generator.manual_seed(seed + request.index)
             request.generator = generator
         return request.generator
 
