@@ -12,6 +12,7 @@ output tokens/s for both and the ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -40,8 +41,6 @@ def make_requests(num: int, vocab: int, seed: int, prompt_range, output_range):
 def save_random_llama(size: str, out_dir: str, dtype: torch.dtype) -> None:
     import transformers
 
-    from engine.default_model import default_model_path
-
     hidden, inter, layers, heads, kv, vocab = RANDOM_LLAMA_SHAPES[size]
     cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
@@ -51,10 +50,16 @@ def save_random_llama(size: str, out_dir: str, dtype: torch.dtype) -> None:
     with torch.device("cpu"):
         model = transformers.LlamaForCausalLM(cfg).to(dtype)
     model.save_pretrained(out_dir)
-    # Any tokenizer will do for token-id prompts; the default model's is at hand.
-    path = default_model_path()
-    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok.save_pretrained(out_dir)
+    # Prompts are token ids, so a word-level vocabulary of the right size will do.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(f"{out_dir}/tokenizer.json")
+    with open(f"{out_dir}/tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, f)
 
 
 def run_tidal(

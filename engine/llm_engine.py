@@ -125,7 +125,6 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, ops)
-        self.sampler = Sampler(device, seed=config.seed)
         eos = set(getattr(self.tokenizer, "eos_token_ids", set()) or set())
         for source in (mcfg.eos_token_id, self.generation_config.get("eos_token_id")):
             if isinstance(source, int):
@@ -133,6 +132,7 @@ class LLMEngine:
             elif isinstance(source, list):
                 eos.update(source)
         self.eos_token_ids = eos
+        self.sampler = Sampler(device, seed=config.seed, eos_token_ids=eos)
         self._requests: dict[str, Request] = {}
         self._parents: dict[str, list[Request]] = {}
         self._prompt_tokens_total = 0

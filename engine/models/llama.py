@@ -129,7 +129,11 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer(
             "cos_sin_cache",
             build_cos_sin_cache(
-                rotary_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+                rotary_dim,
+                cfg.max_position_embeddings,
+                cfg.rope_theta,
+                cfg.rope_scaling,
+                device=self.embed_tokens.weight.device,
             ),
             persistent=False,
         )

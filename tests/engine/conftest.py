@@ -20,6 +20,28 @@ def default_tokenizer_dir(tmp_path_factory):
     return out
 
 
+def write_wordlevel_tokenizer(out_dir, vocab_size: int) -> None:
+    """A word-level tokenizer ("w0" ... "wN", split on spaces) for models fed token ids."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="session")
+def wordlevel_tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wordlevel-tokenizer")
+    write_wordlevel_tokenizer(out, 49152)
+    return out
+
+
 def save_tiny_model(kind: str, out_dir, tokenizer_dir, **overrides):
     """Build a tiny random ``kind`` model with transformers and save it with the tokenizer."""
     import shutil

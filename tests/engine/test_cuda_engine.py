@@ -13,10 +13,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_tokenizer_dir):
+def tiny_dir(tmp_path_factory, wordlevel_tokenizer_dir):
     out = tmp_path_factory.mktemp("tiny-cuda")
     save_tiny_model(
-        "llama", out, default_tokenizer_dir, hidden_size=256, intermediate_size=512,
+        "llama", out, wordlevel_tokenizer_dir, hidden_size=256, intermediate_size=512,
         num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_hidden_layers=3,
     )  # fmt: skip
     return out

@@ -45,10 +45,13 @@ def test_seeded_sampling_is_independent_of_the_batch(llm):
     alone = llm.generate("Write a poem about rain:", params)[0].outputs[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=5 + i) for i in range(7)]
     batch = ["Tell me a story about cat number %d" % i for i in range(7)]
-    outs = llm.generate(batch[:3] + ["Write a poem about rain:"] + batch[3:],
-                        others[:3] + [params] + others[3:])
+    outs = llm.generate(
+        batch[:3] + ["Write a poem about rain:"] + batch[3:], others[:3] + [params] + others[3:]
+    )
     assert outs[3].outputs[0].token_ids == alone
-    other_seed = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=12, seed=99, ignore_eos=True)
+    other_seed = SamplingParams(
+        temperature=0.9, top_p=0.95, max_tokens=12, seed=99, ignore_eos=True
+    )
     assert llm.generate("Write a poem about rain:", other_seed)[0].outputs[0].token_ids != alone
 
 
@@ -141,8 +144,11 @@ def test_engine_loop_serves_threads_and_sleeps_when_idle():
         with pytest.raises(ValueError, match="maximum model length"):
             loop.submit("too-long", "word " * 300, greedy(4))
 
-        long_fut = loop.submit("to-abort", "Tell me everything:", SamplingParams(
-            temperature=0.0, max_tokens=60, ignore_eos=True))
+        long_fut = loop.submit(
+            "to-abort",
+            "Tell me everything:",
+            SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True),
+        )
         time.sleep(0.3)
         loop.abort("to-abort")
         aborted = long_fut.result(timeout=60)
