@@ -44,7 +44,7 @@ def test_seeded_sampling_is_independent_of_the_batch(llm):
     params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=12, seed=1234, ignore_eos=True)
     alone = llm.generate("Write a poem about rain:", params)[0].outputs[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=5 + i) for i in range(7)]
-    batch = ["Tell me a story about cat number %d" % i for i in range(7)]
+    batch = [f"Tell me a story about cat number {i}" for i in range(7)]
     outs = llm.generate(
         batch[:3] + ["Write a poem about rain:"] + batch[3:], others[:3] + [params] + others[3:]
     )
