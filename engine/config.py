@@ -41,6 +41,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = True
     tensor_parallel_size: int = 1
+    load_format: str = "auto"  # "dummy": random weights, nothing read (benchmarks)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -58,6 +59,8 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-
-import torch
 
 from engine.block_pool import BlockPool
 from engine.config import EngineConfig, RuntimeInfo
 from engine.detokenizer import IncrementalDetokenizer
+from engine.distributed import RankWorkers, TensorParallel, start_rank_workers
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.loader import load_model_files
-from engine.model_runner import ModelRunner
+from engine.model_runner import build_runner
 from engine.models.config import ModelConfig
-from engine.models.llama import LlamaForCausalLM
-from engine.ops import ops_for_device
+from engine.models.llama import check_tensor_parallel
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from engine.request import Request, RequestStatus
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-
-CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -39,16 +33,6 @@ class EngineStats:
     prefix_cache_hits_total: int  # tokens found there
     prompt_tokens_total: int
     generation_tokens_total: int
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 @dataclass
@@ -73,21 +57,30 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        device = config.resolve_device()
-        dtype = config.resolve_dtype(device)
-        files = load_model_files(config.model)
-        self.model_config = ModelConfig.from_hf_config(files.hf_config)
-        self.tokenizer = files.tokenizer
-        self.generation_config = files.generation_config
-        mcfg = self.model_config
-        with _default_dtype(dtype), torch.device(device):
-            model = LlamaForCausalLM(mcfg)
-        model.cos_sin_cache = model.cos_sin_cache.float()
-        # INT4 hook: GPTQ/AWQ checkpoints and (on CUDA) GGUF Q4_1 go into Int4Linear modules.
-        from engine.quant.loading import load_weights
+        self._rank_workers: RankWorkers | None = None
+        tp = TensorParallel(device=config.resolve_device())
+        if config.tensor_parallel_size > 1:
+            # Ranks 1..N-1 start first so every rank loads its shard at the same time.
+            check_tensor_parallel(
+                ModelConfig.from_hf_config(load_model_files(config.model).hf_config),
+                config.tensor_parallel_size,
+            )
+            self._rank_workers = start_rank_workers(config)
+            tp = self._rank_workers.tp
+        try:
+            self._init_rank0(config, tp)
+        except BaseException:
+            self.shutdown()
+            raise
 
-        self.weight_format = load_weights(model, files, device, dtype)
-        model.eval()
+    def _init_rank0(self, config: EngineConfig, tp: TensorParallel) -> None:
+        self.runner, loaded = build_runner(config, tp)
+        device, dtype = loaded.device, loaded.dtype
+        self.model_config = loaded.model_config
+        self.tokenizer = loaded.files.tokenizer
+        self.generation_config = loaded.files.generation_config
+        self.weight_format = loaded.weight_format
+        mcfg = self.model_config
 
         max_model_len = config.max_model_len or mcfg.max_position_embeddings
         if max_model_len > mcfg.max_position_embeddings:
@@ -95,21 +88,14 @@ class LLMEngine:
                 f"max_model_len {max_model_len} exceeds the model's "
                 f"max_position_embeddings {mcfg.max_position_embeddings}"
             )
-        block_bytes = (
-            2
-            * mcfg.num_hidden_layers
-            * config.block_size
-            * mcfg.num_key_value_heads
-            * mcfg.head_dim
-            * dtype.itemsize
-        )
-        num_blocks = self._kv_cache_bytes(device, mcfg) // block_bytes
+        block_bytes = loaded.block_bytes
+        num_blocks = loaded.num_kv_blocks
         if num_blocks < cdiv(2, config.block_size) + 1:
             raise ValueError(
                 f"the KV cache budget holds only {num_blocks} blocks of {block_bytes} bytes; "
                 "raise kv_cache_memory_bytes or gpu_memory_utilization"
             )
-        ops = ops_for_device(device)
+        ops = loaded.ops
         self.runtime = RuntimeInfo(
             device=device,
             dtype=dtype,
@@ -124,7 +110,6 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, ops)
         eos = set(getattr(self.tokenizer, "eos_token_ids", set()) or set())
         for source in (mcfg.eos_token_id, self.generation_config.get("eos_token_id")):
             if isinstance(source, int):
@@ -138,22 +123,19 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
 
-    def _kv_cache_bytes(self, device: torch.device, mcfg: ModelConfig) -> int:
-        if self.config.kv_cache_memory_bytes is not None:
-            return self.config.kv_cache_memory_bytes
-        if device.type != "cuda":
-            return CPU_DEFAULT_KV_CACHE_BYTES
-        free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        # Room for one step's activations: the largest layer intermediates and the logits.
-        activation_bytes = (
-            self.config.max_num_batched_tokens
-            * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size)
-            * 4
-            + self.config.max_num_seqs * mcfg.vocab_size * 8
-            + (512 << 20)
-        )
-        return max(0, int(total * self.config.gpu_memory_utilization) - used - activation_bytes)
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel rank workers (no-op with tensor_parallel_size=1)."""
+        workers, self._rank_workers = self._rank_workers, None
+        if workers is None:
+            return
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.shutdown_workers()
+            workers.stop()
+        else:  # rank 0 failed before its runner existed: the workers cannot be told
+            for proc in workers.processes:
+                proc.kill()
+            workers.stop()
 
     @property
     def max_model_len(self) -> int:

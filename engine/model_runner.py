@@ -1,17 +1,35 @@
-"""Runs one step: all scheduled tokens of all sequences in one flattened forward pass."""
+"""Runs one step: all scheduled tokens of all sequences in one flattened forward pass.
+
+``build_runner`` loads a model (or, under tensor parallelism, this rank's shard of it) and
+sizes its KV cache; the engine process and the tensor-parallel rank workers both use it.
+"""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.config import EngineConfig
+from engine.distributed import TensorParallel
+from engine.loader import ModelFiles, load_model_files
+from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.ops import Ops
+from engine.ops import Ops, ops_for_device
 from engine.scheduler import SchedulerOutput
+
+CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 
 
 class ModelRunner:
-    """Owns the model and the KV cache tensors; turns a ``SchedulerOutput`` into logits."""
+    """Owns the model and the KV cache tensors; turns a ``SchedulerOutput`` into logits.
+
+    Under tensor parallelism rank 0's ``execute`` broadcasts the step's inputs and the other
+    ranks call ``execute_remote`` in a loop; only rank 0 gets logits.
+    """
 
     def __init__(
         self,
@@ -21,21 +39,24 @@ class ModelRunner:
         device: torch.device,
         dtype: torch.dtype,
         ops: Ops,
+        tp: TensorParallel | None = None,
     ) -> None:
         self.model = model
         self.device = device
         self.dtype = dtype
         self.block_size = block_size
         self.ops = ops
-        cfg = model.config
-        shape = (num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.tp = tp or TensorParallel(device=device)
+        attn = model.layers[0].self_attn
+        # This rank's KV heads (all of them without tensor parallelism).
+        shape = (num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
         # Per layer: key_cache and value_cache [num_blocks, block_size, num_kv_heads, head_dim].
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=dtype, device=device),
                 torch.zeros(shape, dtype=dtype, device=device),
             )
-            for _ in range(cfg.num_hidden_layers)
+            for _ in range(model.config.num_hidden_layers)
         ]
 
     def prepare(
@@ -83,8 +104,120 @@ class ModelRunner:
         """Run the step; float32 logits [num_sampling_rows, vocab] for the requests that sample
         (those whose scheduled tokens reach the end of their known tokens), in batch order."""
         ids, pos, meta, logit_rows = self.prepare(sched)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.ops)
-        if not logit_rows:
-            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        if self.tp.is_enabled:
+            self.tp.send_step(ids, pos, meta, rows)
+        logits = self._forward(ids, pos, meta, rows)
+        assert logits is not None  # rank 0 always gets the gathered logits
+        return logits
+
+    @torch.inference_mode()
+    def execute_remote(self) -> bool:
+        """Ranks > 0: run the step rank 0 broadcasts; False when it says shut down."""
+        step = self.tp.recv_step()
+        if step is None:
+            return False
+        self._forward(*step)
+        return True
+
+    def shutdown_workers(self) -> None:
+        """Rank 0: end the other ranks' ``execute_remote`` loops."""
+        if self.tp.is_enabled:
+            self.tp.send_shutdown()
+
+    def _forward(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
+    ) -> torch.Tensor | None:
+        hidden = self.model(ids, pos, self.kv_caches, meta, self.ops)
+        if rows.numel() == 0:
+            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[rows])
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Random weights in place (``load_format="dummy"``): norms 1, the rest N(0, 0.02)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=gen)
+
+
+def kv_cache_bytes(config: EngineConfig, device: torch.device, mcfg: ModelConfig) -> int:
+    """The KV cache budget of one rank: the configured bytes, or what the GPU has left."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type != "cuda":
+        return CPU_DEFAULT_KV_CACHE_BYTES
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    # Room for one step's activations: the largest layer intermediates and the logits.
+    activation_bytes = (
+        config.max_num_batched_tokens * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
+        + config.max_num_seqs * mcfg.vocab_size * 8
+        + (512 << 20)
+    )
+    return max(0, int(total * config.gpu_memory_utilization) - used - activation_bytes)
+
+
+@dataclass
+class LoadedModel:
+    """What ``build_runner`` found besides the runner."""
+
+    files: ModelFiles
+    model_config: ModelConfig
+    weight_format: str  # "gptq" | "awq" | "gguf-q4_1" | "dense" | "dummy"
+    num_kv_blocks: int
+    block_bytes: int
+    device: torch.device
+    dtype: torch.dtype
+    ops: Ops
+
+
+def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner, LoadedModel]:
+    """Load the model (this rank's shard of it) and allocate its KV cache.
+
+    The number of KV blocks is the smallest any rank can hold, so all ranks agree.
+    Raises ``ValueError`` for a model that cannot be split ``tp.world_size`` ways.
+    """
+    device = tp.device if tp.is_enabled else config.resolve_device()
+    dtype = config.resolve_dtype(device)
+    files = load_model_files(config.model)
+    mcfg = ModelConfig.from_hf_config(files.hf_config)
+    with _default_dtype(dtype), torch.device(device):
+        model = LlamaForCausalLM(mcfg, tp)
+    model.cos_sin_cache = model.cos_sin_cache.float()
+    if config.load_format == "dummy":
+        init_dummy_weights(model, config.seed + tp.rank)
+        weight_format = "dummy"
+    else:
+        # INT4 hook: GPTQ/AWQ checkpoints and (on CUDA) GGUF Q4_1 go into Int4Linear modules.
+        from engine.quant.loading import load_weights
+
+        weight_format = load_weights(model, files, device, dtype)
+    model.eval()
+    attn = model.layers[0].self_attn
+    block_bytes = (
+        2
+        * mcfg.num_hidden_layers
+        * config.block_size
+        * attn.num_kv_heads
+        * attn.head_dim
+        * dtype.itemsize
+    )
+    num_blocks = tp.min_int(kv_cache_bytes(config, device, mcfg) // block_bytes)
+    ops = ops_for_device(device)
+    runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, ops, tp)
+    loaded = LoadedModel(files, mcfg, weight_format, num_blocks, block_bytes, device, dtype, ops)
+    return runner, loaded

@@ -2,6 +2,12 @@
 
 All tokens of a step come flattened as one batch; attention reads and writes the paged cache
 through ``Ops`` (Triton on CUDA, PyTorch references on CPU).
+
+Tensor parallelism (``tp``, see ``engine.distributed``): q/k/v and gate/up are split by
+output (each rank holds its heads' q, k, v rows and its share of the MLP), o and down by
+input with one all-reduce each, the embedding and LM head by vocabulary (padded to a
+multiple of the rank count; logits gathered on rank 0). KV heads are split across ranks, or
+replicated when there are fewer KV heads than ranks. A bias of o/down lives on rank 0 only.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import AttentionMetadata
+from engine.distributed import TensorParallel
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
 from engine.ops import Ops
@@ -36,11 +43,35 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def check_tensor_parallel(cfg: ModelConfig, tp_size: int) -> None:
+    """ValueError unless ``cfg`` splits ``tp_size`` ways (heads, KV heads, MLP width)."""
+    if tp_size == 1:
+        return
+    if cfg.num_attention_heads % tp_size:
+        raise ValueError(
+            f"num_attention_heads ({cfg.num_attention_heads}) must be divisible by "
+            f"tensor_parallel_size ({tp_size})"
+        )
+    kv = cfg.num_key_value_heads
+    if kv % tp_size and tp_size % kv:
+        raise ValueError(
+            f"num_key_value_heads ({kv}) and tensor_parallel_size ({tp_size}) must divide one "
+            "another (KV heads are split across ranks, or replicated when fewer)"
+        )
+    if cfg.intermediate_size % tp_size:
+        raise ValueError(
+            f"intermediate_size ({cfg.intermediate_size}) must be divisible by "
+            f"tensor_parallel_size ({tp_size})"
+        )
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        self.tp = tp
+        self.num_heads = cfg.num_attention_heads // tp.world_size
+        # Fewer KV heads than ranks: each rank keeps the one KV head its q heads read.
+        self.num_kv_heads = max(1, cfg.num_key_value_heads // tp.world_size)
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -80,17 +111,19 @@ class LlamaAttention(nn.Module):
             meta.max_seq_len,
             self.sliding_window,
         )
-        return self.o_proj(o.reshape(num_tokens, self.q_size))
+        return self.tp.all_reduce(self.o_proj(o.reshape(num_tokens, self.q_size)))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        self.tp = tp
+        width = cfg.intermediate_size // tp.world_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * width, cfg.mlp_bias)
+        self.down_proj = Linear(width, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))))
 
 
 class RMSNorm(nn.Module):
@@ -101,10 +134,10 @@ class RMSNorm(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg)
-        self.mlp = LlamaMLP(cfg)
+        self.self_attn = LlamaAttention(cfg, tp)
+        self.mlp = LlamaMLP(cfg, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -118,13 +151,22 @@ class LlamaForCausalLM(nn.Module):
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _freeze=True)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.tp = tp = tp or TensorParallel()
+        check_tensor_parallel(cfg, tp.world_size)
+        # This rank's vocabulary rows [vocab_start, vocab_start + num_vocab_rows); padded.
+        self.num_vocab_rows = -(-cfg.vocab_size // tp.world_size)
+        self.vocab_start = tp.rank * self.num_vocab_rows
+        self.embed_tokens = nn.Embedding(self.num_vocab_rows, cfg.hidden_size, _freeze=True)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, self.num_vocab_rows)
+        )
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         self.register_buffer(
             "cos_sin_cache",
@@ -147,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
         ops: Ops,
     ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size]."""
-        h = self.embed_tokens(input_ids)
+        h = self._embed(input_ids)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             ln = layer.input_layernorm
@@ -163,11 +205,77 @@ class LlamaForCausalLM(nn.Module):
         out, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[num_rows, hidden] -> float32 logits [num_rows, vocab_size]."""
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.is_enabled:
+            return self.embed_tokens(input_ids)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_vocab_rows)
+        h = F.embedding(local.masked_fill(outside, 0), self.embed_tokens.weight)
+        return self.tp.all_reduce(h.masked_fill(outside.unsqueeze(-1), 0.0))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[num_rows, hidden] -> float32 logits [num_rows, vocab_size] (None on ranks > 0)."""
         if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            logits = F.linear(hidden, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(hidden).float()
+        if not self.tp.is_enabled:
+            return logits
+        if logits.shape[-1] < self.num_vocab_rows:  # an INT4 head sliced to the true vocab
+            logits = F.pad(logits, (0, self.num_vocab_rows - logits.shape[-1]))
+        gathered = self.tp.gather_last_dim(logits)
+        return None if gathered is None else gathered[:, : self.config.vocab_size]
+
+    def tp_slices(self) -> dict[str, tuple[int, int, int]]:
+        """Checkpoint module leaf -> (dim, start, length) of this rank's slice of its weight.
+
+        dim 0 splits outputs (column-parallel), dim 1 inputs (row-parallel); a module not
+        listed is replicated. Vocabulary slices may run past the vocabulary (padding).
+        """
+        cfg, tp = self.config, self.tp
+        if not tp.is_enabled:
+            return {}
+        attn = self.layers[0].self_attn
+        q_size, kv_size = attn.q_size, attn.kv_size
+        q_start = tp.rank * q_size
+        kv_start = tp.rank * cfg.num_key_value_heads // tp.world_size * cfg.head_dim
+        width = cfg.intermediate_size // tp.world_size
+        vocab = (0, self.vocab_start, self.num_vocab_rows)
+        return {
+            "q_proj": (0, q_start, q_size),
+            "k_proj": (0, kv_start, kv_size),
+            "v_proj": (0, kv_start, kv_size),
+            "o_proj": (1, q_start, q_size),
+            "gate_proj": (0, tp.rank * width, width),
+            "up_proj": (0, tp.rank * width, width),
+            "down_proj": (1, tp.rank * width, width),
+            "embed_tokens": vocab,
+            "lm_head": vocab,
+        }
+
+    def shard_int4(self, hf_module: str, weight):
+        """This rank's slice of a checkpoint module's ``Int4Weight`` (narrowed on group
+        boundaries; ``ValueError`` from the weight when a slice would cut a group)."""
+        spec = self.tp_slices().get(hf_module.rpartition(".")[2])
+        if spec is None:
+            return weight
+        dim, start, length = spec
+        if dim == 1:
+            return weight.narrow_k(start, length)
+        length = max(0, min(length, weight.out_features - start))
+        return weight.narrow_n(start, length)
+
+    def _shard_tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of checkpoint tensor ``name`` (engine name, no ``model.``)."""
+        module, _, kind = name.rpartition(".")
+        spec = self.tp_slices().get(module.rpartition(".")[2])
+        if spec is None:
+            return tensor
+        dim, start, length = spec
+        if dim == 1 and kind == "bias":  # added once after the all-reduce: rank 0 holds it
+            return tensor if self.tp.rank == 0 else torch.zeros_like(tensor)
+        length = max(0, min(length, tensor.shape[dim] - start))
+        return tensor.narrow(dim, start, length)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors (Hugging Face names) into the fused parameters.
@@ -177,14 +285,15 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        cfg = self.config
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        attn = self.layers[0].self_attn
+        q, kv = attn.q_size, attn.kv_size
+        width = self.layers[0].mlp.down_proj.in_features
         shard_offsets = {
             "q_proj": ("qkv_proj", 0, q),
             "k_proj": ("qkv_proj", q, kv),
             "v_proj": ("qkv_proj", q + kv, kv),
-            "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
-            "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
+            "gate_proj": ("gate_up_proj", 0, width),
+            "up_proj": ("gate_up_proj", width, width),
         }
         for hf_name, tensor in weights:
             if "rotary_emb.inv_freq" in hf_name:
@@ -201,6 +310,10 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 raise ValueError(f"checkpoint tensor {hf_name!r} has no matching parameter")
             dest = param.data if size is None else param.data.narrow(0, offset, size)
+            tensor = self._shard_tensor(name, tensor)
+            if name in ("embed_tokens.weight", "lm_head.weight") and self.tp.is_enabled:
+                dest[tensor.shape[0] :].zero_()  # vocabulary padding of the last rank
+                dest = dest[: tensor.shape[0]]
             if dest.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "

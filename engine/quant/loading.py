@@ -68,7 +68,9 @@ def _swap(model, converted: dict[str, Int4Weight], device, dtype) -> int:
         if not all(present):
             raise ValueError(f"{path} fuses {hf_names}, but only some of them are quantized")
         old = getattr(parent, leaf)
-        parts = [converted.pop(name).to(device) for name in hf_names]
+        # Tensor parallelism: the model keeps only its rank's slice (groups kept whole).
+        shard = getattr(model, "shard_int4", lambda _name, weight: weight)
+        parts = [shard(name, converted.pop(name)).to(device) for name in hf_names]
         setattr(parent, leaf, Int4Linear(parts, has_bias=old.bias is not None, bias_dtype=dtype))
         num_swapped += 1
     if converted:
