@@ -39,6 +39,8 @@ def gptq_quantize(
     w, h = w[:, perm], h[perm][:, perm]
     h += damp_percent * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
     h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    # The factorization needs float64; the column loop runs in float32, as GPTQ's reference.
+    w, h_inv = w.float(), h_inv.float()
 
     codes = torch.zeros(n, k, dtype=torch.int32)
     scales, zeros = [], []
@@ -60,7 +62,7 @@ def gptq_quantize(
                 zeros.append(zero)
             q = quantize_codes(w1[:, i], scale, zero)
             codes[:, col] = q
-            dq = scale.double() * (q - zero).double()
+            dq = scale * (q - zero).float()
             err = (w1[:, i] - dq) / h1[i, i]
             w1[:, i:] -= err.unsqueeze(1) @ h1[i, i:].unsqueeze(0)
             err1[:, i] = err

@@ -92,7 +92,7 @@ def write_gptq_checkpoint(
         for hf_leaf, size in splits.get(leaf, [(leaf, q.codes.shape[0])]):
             prefix = f"model.{parent}.{hf_leaf}"
             for suffix, t in gptq_tensors(_slice(q, start, size)).items():
-                tensors[f"{prefix}.{suffix}"] = t.contiguous()
+                tensors[f"{prefix}.{suffix}"] = t.clone()
             if bias is not None:
                 tensors[f"{prefix}.bias"] = bias.data[start : start + size].half().contiguous()
             start += size
@@ -126,13 +126,17 @@ def write_gptq_checkpoint(
             if (source_dir / name).is_file():
                 shutil.copy(source_dir / name, out / name)
     else:
-        tokenizer.backend.save(str(out / "tokenizer.json"))
-        specials = {
-            k: getattr(tokenizer, k)
-            for k in ("bos_token", "eos_token", "pad_token", "unk_token")
-            if getattr(tokenizer, k)
-        }
-        if tokenizer.chat_template:
-            specials["chat_template"] = tokenizer.chat_template
-        (out / "tokenizer_config.json").write_text(json.dumps(specials, indent=2) + "\n")
+        save_tokenizer(tokenizer, out)
     return out
+
+
+def save_tokenizer(tokenizer, out_dir: str | Path) -> None:
+    """Write an engine Tokenizer as tokenizer.json + tokenizer_config.json (special tokens,
+    chat template), which ``Tokenizer.from_hf_dir`` reads back."""
+    out = Path(out_dir)
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    names = ("bos_token", "eos_token", "pad_token", "unk_token")
+    config = {name: getattr(tokenizer, name) for name in names if getattr(tokenizer, name)}
+    if tokenizer.chat_template:
+        config["chat_template"] = tokenizer.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-import gguf
 import numpy as np
 import torch
 
@@ -110,6 +109,8 @@ def _load_hf_int4(model, files, method: str, device, dtype) -> None:
 
 
 def _load_gguf_q4_1(model, files, device, dtype) -> None:
+    import gguf  # only GGUF models need it
+
     linear_names = {n for _, _, _, names in _linear_sites(model) for n in names}
     converted, dense = {}, []
     for name, type_name, data, shape in files.gguf_tensors():

@@ -72,6 +72,7 @@ def quantize_checkpoint(
     start = time.monotonic()
     model, files = load_dense_model(model_path)
     texts = read_calibration_texts(calibration) if calibration else [DEFAULT_CALIBRATION_TEXT]
+    seq_len = min(seq_len, model.config.max_position_embeddings)
     sequences = token_chunks(files.tokenizer, texts, seq_len, max_sequences)
     quantized = quantize_model(model, sequences, method, group_size, act_order, sym)
     source = files.path if files.source == "hf" else None

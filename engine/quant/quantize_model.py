@@ -25,6 +25,7 @@ def quantize_model(
     group_size: int = 128,
     act_order: bool = False,
     sym: bool = False,
+    damp_percent: float = 0.01,
 ) -> dict[str, QuantizedWeight]:
     """Quantize model.layers[*] linears in place; returns {"layers.N.<site>": QuantizedWeight}.
 
@@ -48,7 +49,7 @@ def quantize_model(
             module = layer.get_submodule(site)
             weight = module.weight.data
             if method == "gptq":
-                q = gptq_quantize(weight, hessians[site], group_size, act_order, sym)
+                q = gptq_quantize(weight, hessians[site], group_size, act_order, sym, damp_percent)
             else:
                 q = rtn_quantize(weight, group_size, sym)
             weight.copy_(q.dequantize().to(weight.dtype))
