@@ -42,9 +42,10 @@ class LaneController:
         self._control: Callable[[str, str], None] | None = None
         self._consumer: Any = None
         self._last_command_at = 0.0
-        self.resend_s = 2.0  # a command not yet applied is sent again after this
+        self.resend_s = 1.0  # a command not yet applied is sent again after this
         self._consumes_normal = False
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def attach(self, app: Any, consumer: Any, consumes_normal: bool) -> None:
@@ -62,6 +63,7 @@ class LaneController:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def num_normal(self) -> int:
         with self._lock:
@@ -77,10 +79,12 @@ class LaneController:
     def started(self, task_id: str, lane: str) -> None:
         with self._lock:
             self.in_flight[task_id] = lane
+        self._wake.set()  # react now, not at the next tick: prefetch is fast
 
     def finished(self, task_id: str) -> None:
         with self._lock:
             self.in_flight.pop(task_id, None)
+        self._wake.set()
 
     def is_consuming_normal(self) -> bool:
         """What the consumer really does (it forgets a resume across a broker reconnect)."""
@@ -110,5 +114,8 @@ class LaneController:
             logger.warning("lane control %s failed: %s", command, exc)
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.check()
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.check()

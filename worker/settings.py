@@ -30,9 +30,11 @@ class WorkerSettings(ProducerSettings):
     enforce_eager: bool = True
     seed: int = 0
     # Celery and delivery
-    concurrency: int = Field(default=4, ge=2, description="chunk threads; one is kept for high")
+    # Chunk threads only wait on the engine, so they are cheap: the ones normal chunks may
+    # not take serve the high lane, many at a time.
+    concurrency: int = Field(default=16, ge=2, description="chunk threads (both lanes)")
     max_normal_chunks: int | None = Field(
-        default=None, ge=1, description="normal chunks in flight before pausing (concurrency-1)"
+        default=None, ge=1, description="normal chunks in flight before pausing (3)"
     )
     max_engine_backlog: int | None = Field(
         default=None, ge=1, description="unfinished engine requests before pausing normal"
@@ -69,7 +71,14 @@ class WorkerSettings(ProducerSettings):
         )
 
     def normal_chunk_limit(self) -> int:
-        return self.max_normal_chunks or max(1, self.concurrency - 1)
+        """Normal chunks in flight at most; at least one thread always stays for high."""
+        limit = self.max_normal_chunks or min(3, self.concurrency - 1)
+        if limit >= self.concurrency:
+            raise ValueError(
+                f"max_normal_chunks ({limit}) must be below concurrency ({self.concurrency}) "
+                "so that the high lane always has a thread"
+            )
+        return limit
 
     def engine_backlog_limit(self) -> int:
         return self.max_engine_backlog or 2 * self.max_num_seqs
