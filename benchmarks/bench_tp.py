@@ -4,7 +4,8 @@ Random weights initialized on each rank's GPU (``load_format="dummy"``; nothing 
 config.json and a tokenizer), bf16. Each configuration runs in a fresh process so GPU memory
 and the process group start clean. Per configuration: load time (engine construction,
 rank workers included), decode tokens/s at batch 1 and 64 (steps after every prompt is
-prefilled), and (``--throughput``) a batch of prompts run to completion.
+prefilled; each timed pass follows an untimed one of the same shape), and, for the shapes in
+``--throughput-shapes``, a batch of prompts run to completion.
 
     python benchmarks/bench_tp.py                       # 8b tp1, 8b tp2, 70b tp2 (GPUs)
     python benchmarks/bench_tp.py --runs tiny:1,tiny:2  # CPU smoke (gloo)
@@ -128,11 +129,13 @@ def run_one(shape: str, tp: int, args) -> dict:
     result["num_kv_blocks"] = engine.runtime.num_kv_blocks
     vocab = SHAPES[shape]["vocab_size"]
     try:
-        decode_rate(engine, 64, 16, 4, vocab)  # warm-up: Triton compiles, allocator
         for batch in (1, 64):
+            # Untimed pass first: Triton specializes on batch and lengths (JIT compiles).
+            decode_rate(engine, batch, args.prompt_len, args.num_decode, vocab)
             rate = decode_rate(engine, batch, args.prompt_len, args.num_decode, vocab)
             result[f"decode_tok_per_s_b{batch}"] = rate
         if args.throughput:
+            throughput(engine, args.num_requests, args.prompt_len, 16, vocab)  # warm-up
             result.update(throughput(engine, args.num_requests, args.prompt_len, 128, vocab))
     finally:
         engine.shutdown()
