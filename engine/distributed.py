@@ -144,13 +144,15 @@ def init_rank(rank: int, world_size: int, device: torch.device, init_method: str
     os.environ.update(MULTICAST_OFF_ENV)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    # device_id binds NCCL's communicator to this rank's GPU at once.
+    extra: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",
         init_method=init_method,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
-        **({"device_id": device} if device.type == "cuda" else {}),
+        **extra,
     )
     return TensorParallel(rank, world_size, device)
 

@@ -47,9 +47,8 @@ class ModelRunner:
         self.block_size = block_size
         self.ops = ops
         self.tp = tp or TensorParallel(device=device)
-        attn = model.layers[0].self_attn
         # This rank's KV heads (all of them without tensor parallelism).
-        shape = (num_blocks, block_size, attn.num_kv_heads, attn.head_dim)
+        shape = (num_blocks, block_size, model.num_local_kv_heads, model.config.head_dim)
         # Per layer: key_cache and value_cache [num_blocks, block_size, num_kv_heads, head_dim].
         self.kv_caches = [
             (
@@ -207,13 +206,12 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
 
         weight_format = load_weights(model, files, device, dtype)
     model.eval()
-    attn = model.layers[0].self_attn
     block_bytes = (
         2
         * mcfg.num_hidden_layers
         * config.block_size
-        * attn.num_kv_heads
-        * attn.head_dim
+        * model.num_local_kv_heads
+        * mcfg.head_dim
         * dtype.itemsize
     )
     num_blocks = tp.min_int(kv_cache_bytes(config, device, mcfg) // block_bytes)

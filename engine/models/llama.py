@@ -156,6 +156,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.tp = tp = tp or TensorParallel()
         check_tensor_parallel(cfg, tp.world_size)
+        # This rank's share (everything without tensor parallelism).
+        self.num_local_heads = cfg.num_attention_heads // tp.world_size
+        self.num_local_kv_heads = max(1, cfg.num_key_value_heads // tp.world_size)
+        self.local_intermediate_size = cfg.intermediate_size // tp.world_size
         # This rank's vocabulary rows [vocab_start, vocab_start + num_vocab_rows); padded.
         self.num_vocab_rows = -(-cfg.vocab_size // tp.world_size)
         self.vocab_start = tp.rank * self.num_vocab_rows
@@ -235,11 +239,11 @@ class LlamaForCausalLM(nn.Module):
         cfg, tp = self.config, self.tp
         if not tp.is_enabled:
             return {}
-        attn = self.layers[0].self_attn
-        q_size, kv_size = attn.q_size, attn.kv_size
+        q_size = self.num_local_heads * cfg.head_dim
+        kv_size = self.num_local_kv_heads * cfg.head_dim
         q_start = tp.rank * q_size
         kv_start = tp.rank * cfg.num_key_value_heads // tp.world_size * cfg.head_dim
-        width = cfg.intermediate_size // tp.world_size
+        width = self.local_intermediate_size
         vocab = (0, self.vocab_start, self.num_vocab_rows)
         return {
             "q_proj": (0, q_start, q_size),
@@ -285,9 +289,9 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        attn = self.layers[0].self_attn
-        q, kv = attn.q_size, attn.kv_size
-        width = self.layers[0].mlp.down_proj.in_features
+        q = self.num_local_heads * self.config.head_dim
+        kv = self.num_local_kv_heads * self.config.head_dim
+        width = self.local_intermediate_size
         shard_offsets = {
             "q_proj": ("qkv_proj", 0, q),
             "k_proj": ("qkv_proj", q, kv),
