@@ -10,6 +10,7 @@ With ``tensor_parallel_size=1`` no group exists and every collective is the iden
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -157,10 +158,24 @@ def init_rank(rank: int, world_size: int, device: torch.device, init_method: str
     return TensorParallel(rank, world_size, device)
 
 
-def _worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
+def _exit_with_parent(parent_pid: int, poll_s: float = 1.0) -> None:
+    """A rank worker blocks in collectives; if the engine process dies (kill -9), leave."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="tp-parent-watch").start()
+
+
+def _worker_main(rank: int, config: EngineConfig, init_method: str, parent_pid: int) -> None:
     """Entry point of ranks 1..N-1: build the shard, then run steps until shutdown."""
     from engine.model_runner import build_runner
 
+    _exit_with_parent(parent_pid)
     world_size = config.tensor_parallel_size
     device = rank_device(config.resolve_device(), rank)
     if device.type == "cpu":
@@ -192,6 +207,7 @@ class RankWorkers:
         self.processes = []
         if dist.is_initialized():
             dist.destroy_process_group()
+        shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
 def start_rank_workers(config: EngineConfig) -> RankWorkers:
@@ -216,7 +232,10 @@ def start_rank_workers(config: EngineConfig) -> RankWorkers:
     processes = []
     for rank in range(1, world_size):
         proc = ctx.Process(
-            target=_worker_main, args=(rank, config, init_method), daemon=True, name=f"tp{rank}"
+            target=_worker_main,
+            args=(rank, config, init_method, os.getpid()),
+            daemon=True,
+            name=f"tp{rank}",
         )
         proc.start()
         processes.append(proc)

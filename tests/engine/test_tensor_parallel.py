@@ -84,3 +84,40 @@ def test_tp_shapes_that_do_not_split_are_refused(tmp_path, wordlevel_tokenizer_d
     save_tiny_model("llama", tmp_path, wordlevel_tokenizer_dir, vocab_size=1001)
     with pytest.raises(ValueError, match="num_attention_heads"):
         LLMEngine(EngineConfig(model=str(tmp_path), tensor_parallel_size=3, **ENGINE_ARGS))
+
+
+def test_rank_worker_exits_when_the_engine_process_is_killed(tmp_path, wordlevel_tokenizer_dir):
+    """No orphaned rank after kill -9 (gloo also sees the closed socket; NCCL relies on the
+    worker's parent watch, which this CPU test cannot tell apart)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    save_tiny_model("llama", tmp_path, wordlevel_tokenizer_dir, vocab_size=1001)
+    script = (
+        "import sys, time\n"
+        "from engine.config import EngineConfig\n"
+        "from engine.llm_engine import LLMEngine\n"
+        f"e = LLMEngine(EngineConfig(model={str(tmp_path)!r}, tensor_parallel_size=2, "
+        f"**{ENGINE_ARGS!r}))\n"
+        "print(e._rank_workers.processes[0].pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(proc.stdout.readline())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        os.kill(worker_pid, signal.SIGKILL)
+        raise AssertionError("the rank worker outlived the killed engine process")
+    finally:
+        proc.kill()
