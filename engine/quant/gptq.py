@@ -22,8 +22,23 @@ def gptq_quantize(
     sym: bool = False,
     damp_percent: float = 0.01,
     block_size: int = 128,
+    mse: bool = False,
 ) -> QuantizedWeight:
-    """Quantize weight [N, K] given the input Hessian [K, K] (sum of x x^T, any scale)."""
+    """Quantize weight [N, K] given the input Hessian [K, K] (sum of x x^T, any scale).
+
+    ``mse`` searches a clipped grid per group (see ``rtn.group_params``). Runs on one CPU
+    thread for its duration (restored after): the column loop is many small ops, and extra
+    threads only add synchronization (measured 2-20x slower with two on a loaded 2-core box).
+    """
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _gptq(weight, hessian, group_size, act_order, sym, damp_percent, block_size, mse)
+    finally:
+        torch.set_num_threads(num_threads)
+
+
+def _gptq(weight, hessian, group_size, act_order, sym, damp_percent, block_size, mse):
     n, k = weight.shape
     if tuple(hessian.shape) != (k, k):
         raise ValueError(f"hessian must be [{k}, {k}], got {tuple(hessian.shape)}")
@@ -46,7 +61,7 @@ def gptq_quantize(
     scales, zeros = [], []
     scale = zero = None
     if g == k:
-        scale, zero = group_params(w, sym)
+        scale, zero = group_params(w, sym, mse)
         scales.append(scale)
         zeros.append(zero)
     for i1 in range(0, k, block_size):
@@ -57,7 +72,8 @@ def gptq_quantize(
         for i in range(i2 - i1):
             col = i1 + i
             if g < k and col % g == 0:
-                scale, zero = group_params(w1[:, i : i + g], sym)  # updated weights of the group
+                # the group's weights as updated so far
+                scale, zero = group_params(w1[:, i : i + g], sym, mse)
                 scales.append(scale)
                 zeros.append(zero)
             q = quantize_codes(w1[:, i], scale, zero)

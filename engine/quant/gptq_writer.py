@@ -73,6 +73,7 @@ def write_gptq_checkpoint(
     source_dir: Path | None,
     act_order: bool,
     sym: bool,
+    damp_percent: float = 0.01,
 ) -> Path:
     """Write model.safetensors, config.json and the tokenizer files into out_dir.
 
@@ -115,7 +116,7 @@ def write_gptq_checkpoint(
         "desc_act": act_order,
         "sym": sym,
         "checkpoint_format": "gptq",
-        "damp_percent": 0.01,
+        "damp_percent": damp_percent,
         "true_sequential": False,
         "static_groups": False,
         "tool": "tidal quantize",

@@ -26,6 +26,7 @@ def quantize_model(
     act_order: bool = False,
     sym: bool = False,
     damp_percent: float = 0.01,
+    mse: bool = False,
 ) -> dict[str, QuantizedWeight]:
     """Quantize model.layers[*] linears in place; returns {"layers.N.<site>": QuantizedWeight}.
 
@@ -49,7 +50,9 @@ def quantize_model(
             module = layer.get_submodule(site)
             weight = module.weight.data
             if method == "gptq":
-                q = gptq_quantize(weight, hessians[site], group_size, act_order, sym, damp_percent)
+                q = gptq_quantize(
+                    weight, hessians[site], group_size, act_order, sym, damp_percent, mse=mse
+                )
             else:
                 q = rtn_quantize(weight, group_size, sym)
             weight.copy_(q.dequantize().to(weight.dtype))
