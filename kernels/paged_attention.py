@@ -17,6 +17,7 @@ programs whose partial results are merged with log-sum-exp by a second kernel.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -527,46 +528,46 @@ def paged_attention_ref(
     q_lens = [starts[i + 1] - starts[i] for i in range(num_seqs)]
 
     # Decode rows (one new token each) are batched into one padded computation; sequences with
-    # longer query runs go one at a time.
+    # longer query runs go one at a time. The query heads sharing a KV head sit in the
+    # "query length" axis of scaled_dot_product_attention, so K/V are never repeated.
     decode_idx = [i for i in range(num_seqs) if q_lens[i] == 1]
     other_idx = [i for i in range(num_seqs) if q_lens[i] > 1]
     if decode_idx:
+        num_dec = len(decode_idx)
         idx = torch.tensor(decode_idx, device=query.device, dtype=torch.long)
         ctx = max(lens[i] for i in decode_idx)
         nblk = (ctx + block_size - 1) // block_size
         tables = block_tables[idx, :nblk].long()  # [B, nblk]
-        k = key_cache[tables].reshape(len(decode_idx), nblk * block_size, num_kv_heads, head_dim)
-        v = value_cache[tables].reshape(len(decode_idx), nblk * block_size, num_kv_heads, head_dim)
-        k = k[:, :ctx].float()
-        v = v[:, :ctx].float()
+        k = key_cache[tables].reshape(num_dec, nblk * block_size, num_kv_heads, head_dim)
+        v = value_cache[tables].reshape(num_dec, nblk * block_size, num_kv_heads, head_dim)
+        k = k[:, :ctx].float().transpose(1, 2)  # [B, Hkv, ctx, D]
+        v = v[:, :ctx].float().transpose(1, 2)
         rows = torch.tensor([starts[i] for i in decode_idx], device=query.device)
-        q = query[rows].float().view(len(decode_idx), num_kv_heads, group, head_dim)
-        scores = torch.einsum("bhgd,bkhd->bhgk", q, k) * scale  # [B, Hkv, G, ctx]
+        q = query[rows].float().view(num_dec, num_kv_heads, group, head_dim)
         kpos = torch.arange(ctx, device=query.device)
         slens = seq_lens[idx].long()
         mask = kpos[None, :] < slens[:, None]
         if sliding_window is not None:
             mask &= kpos[None, :] > (slens[:, None] - 1 - sliding_window)
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("bhgk,bkhd->bhgd", probs, v)
-        out[rows] = o.reshape(len(decode_idx), num_heads, head_dim).to(out.dtype)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+        out[rows] = o.reshape(num_dec, num_heads, head_dim).to(out.dtype)
     for i in other_idx:
         ctx = lens[i]
         q_len = q_lens[i]
         nblk = (ctx + block_size - 1) // block_size
         table = block_tables[i, :nblk].long()
-        k = key_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx].float()
-        v = value_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx].float()
+        k = key_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx]
+        v = value_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx]
+        k = k.float().transpose(0, 1)  # [Hkv, ctx, D]
+        v = v.float().transpose(0, 1)
         q = query[starts[i] : starts[i + 1]].float().view(q_len, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qhgd,khd->hgqk", q, k) * scale  # [Hkv, G, q_len, ctx]
+        q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
         qpos = torch.arange(ctx - q_len, ctx, device=query.device)
         kpos = torch.arange(ctx, device=query.device)
         mask = kpos[None, :] <= qpos[:, None]
         if sliding_window is not None:
             mask &= kpos[None, :] > (qpos[:, None] - sliding_window)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("hgqk,khd->qhgd", probs, v)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
+        o = o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
         out[starts[i] : starts[i + 1]] = o.reshape(q_len, num_heads, head_dim).to(out.dtype)
     return out

@@ -122,9 +122,6 @@ def reshape_and_cache_ref(
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots] = key[valid].to(
-        key_cache.dtype
-    )
-    value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots] = value[valid].to(
-        value_cache.dtype
-    )
+    flat = (num_blocks * block_size, num_kv_heads, head_dim)
+    key_cache.view(flat).index_copy_(0, slots, key[valid].to(key_cache.dtype))
+    value_cache.view(flat).index_copy_(0, slots, value[valid].to(value_cache.dtype))
