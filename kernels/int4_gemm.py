@@ -181,6 +181,7 @@ def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE:
         ticket = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel")
         if ticket == num_splits - 1:
             total = tl.atomic_add(ws_ptrs, tl.zeros_like(acc), mask=mask)  # read at L2
+            total = tl.where(mask, total, 0.0)  # masked lanes return undefined values
             tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
             tl.store(ws_ptrs, tl.zeros_like(acc), mask=mask)
             tl.atomic_xchg(lock_ptr + tile_id, 0)
