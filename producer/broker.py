@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from producer.queues import LANES, queue_name
 from producer.settings import ProducerSettings
@@ -18,7 +18,13 @@ def celery_config(settings: ProducerSettings, **transport: Any) -> dict[str, Any
         "result_serializer": "json",
         "accept_content": ["json"],
         "event_serializer": "json",
-        "task_queues": [Queue(queue_name(lane, settings.queue_prefix)) for lane in LANES],
+        # Each lane its own direct exchange and routing key: a Queue without them would be
+        # bound to the default exchange under the default routing key, and on Redis every
+        # message would then land in both lanes.
+        "task_queues": [
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (queue_name(lane, settings.queue_prefix) for lane in LANES)
+        ],
         "task_default_queue": queue_name("normal", settings.queue_prefix),
         "task_ignore_result": True,
         "broker_connection_retry_on_startup": True,

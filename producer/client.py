@@ -192,7 +192,7 @@ class Client:
         status = self.status(job_id)
         storage = self.storage(status.storage_url)
         for chunk_index in range(status.num_chunks):
-            lines = []
+            lines: list[dict[str, Any]] = []
             for key in (results_key(job_id, chunk_index), errors_key(job_id, chunk_index)):
                 data = storage.get(key)
                 if data:

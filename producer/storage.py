@@ -190,9 +190,9 @@ class _translated:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
-            return False
+            return
         from botocore.exceptions import BotoCoreError, ClientError
 
         if isinstance(exc, ClientError):
@@ -211,4 +211,3 @@ class _translated:
             raise TransientStorageError(f"{self.what}: {code or status} after retries") from None
         if isinstance(exc, BotoCoreError):
             raise TransientStorageError(f"{self.what}: {exc}") from None
-        return False

@@ -120,7 +120,8 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
-        queues = {q.name for q in app.amqp.queues.consume_from.values()}
+        amqp: Any = app.amqp
+        queues = set((amqp.queues.consume_from or {}).keys())
         normal = queue_name("normal", rt.settings.queue_prefix)
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
         rt.metrics.worker_ready.set(1)

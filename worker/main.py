@@ -25,8 +25,7 @@ def run_worker(
     logging.basicConfig(
         level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    overrides = {"concurrency": concurrency} if concurrency else {}
-    settings = WorkerSettings(**overrides)
+    settings = WorkerSettings(concurrency=concurrency) if concurrency else WorkerSettings()
     app, _ = create_app(settings)
     argv = [
         "worker",
