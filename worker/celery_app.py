@@ -109,7 +109,7 @@ def _dead_lettering_consumer(rt: WorkerRuntime) -> type[Consumer]:
 
 def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     def on_init(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not app:
+        if not _belongs_to(sender, app):
             return
         try:
             rt.start()
@@ -118,10 +118,9 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
             raise SystemExit(1) from None
 
     def on_ready(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not app:
+        if not _belongs_to(sender, app):
             return
-        amqp: Any = app.amqp
-        queues = set((amqp.queues.consume_from or {}).keys())
+        queues = set((app.amqp.queues.consume_from or {}).keys())
         normal = queue_name("normal", rt.settings.queue_prefix)
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
         rt.metrics.worker_ready.set(1)
@@ -135,3 +134,8 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     signals.worker_init.connect(on_init, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutting_down, weak=False)
+
+
+def _belongs_to(sender: Any, app: Celery) -> bool:
+    """Signals are global; act only on this app's worker (tests may build several apps)."""
+    return getattr(sender, "app", None) is app
