@@ -54,7 +54,23 @@ def create_app(settings: WorkerSettings) -> tuple[Celery, WorkerRuntime]:
     )
     register_tasks(app, rt)
     _connect_signals(app, rt)
+    app.Worker = _soft_shutdown_aware_worker(app.Worker, rt)  # type: ignore[method-assign]
     return app, rt
+
+
+def _soft_shutdown_aware_worker(base: type, rt: WorkerRuntime) -> type:
+    """Start the hand-back clock when the soft shutdown starts (Celery's shutting-down signal
+    only fires after it, once the pool has been stopped, which waits for running chunks)."""
+
+    class SoftShutdownAwareWorker(base):  # type: ignore[misc, valid-type]
+        def wait_for_soft_shutdown(self) -> None:
+            rt.metrics.worker_ready.set(0)
+            rt.lanes.stop()
+            # Leave a second to hand chunks back before the cold shutdown restores the rest.
+            rt.abandon_after(max(0.0, self.app.conf.worker_soft_shutdown_timeout - 1.0))
+            super().wait_for_soft_shutdown()
+
+    return SoftShutdownAwareWorker
 
 
 def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
@@ -125,11 +141,9 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
         rt.metrics.worker_ready.set(1)
 
-    def on_shutting_down(**_: Any) -> None:
+    def on_shutting_down(**_: Any) -> None:  # warm shutdown (SIGTERM not remapped) too
         rt.metrics.worker_ready.set(0)
         rt.lanes.stop()
-        # Leave a second to hand chunks back before Celery's cold shutdown restores messages.
-        rt.abandon_after(max(0.0, rt.settings.soft_shutdown_timeout_s - 1.0))
 
     signals.worker_init.connect(on_init, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)

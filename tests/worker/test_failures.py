@@ -62,11 +62,12 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
 def test_sigterm_hands_back_within_soft_timeout(
     redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
 ):
-    client = make_client(redis_server.url, s3_endpoint)
-    handle, lines = submit(client, tmp_path, num_lines=96, max_tokens=48)
+    # Chunks much longer than the soft timeout, so running ones must be handed back.
+    client = make_client(redis_server.url, s3_endpoint, chunk_size=32)
+    handle, lines = submit(client, tmp_path, num_lines=160, max_tokens=240)
     # A visibility timeout of hours: only the hand-back at shutdown can bring chunks back.
     env = worker_env(
-        redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_SOFT_SHUTDOWN_TIMEOUT_S="3"
+        redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_SOFT_SHUTDOWN_TIMEOUT_S="2"
     )
     first = start_worker(env)
     first.wait_ready()
@@ -75,12 +76,15 @@ def test_sigterm_hands_back_within_soft_timeout(
     first.stop(signal.SIGTERM, timeout_s=30)
     stop_s = time.monotonic() - start
     assert stop_s < 15, f"worker took {stop_s:.1f} s to stop after SIGTERM:\n{first.tail()}"
-    log = first.tail(20000)
-    assert "Soft Shutdown" in log or "Restoring" in log or "handing back" in log, log
+    log = first.tail(50000)
+    assert "Initiating Soft Shutdown" in log and "handing back" in log, log
+    assert "reject requeue=True: soft shutdown timeout reached" in log, log
+    assert client.status(handle.job_id).state == JobState.RUNNING
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(first.metrics_port + 1)})
     second.wait_ready()
     client.wait(handle.job_id, timeout_s=300)
-    check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    assert status.num_duplicates == 0  # handed back untouched: nothing was written twice
 
 
 def test_redis_restart_mid_job(redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path):
