@@ -71,7 +71,15 @@ def test_sigterm_hands_back_within_soft_timeout(
     )
     first = start_worker(env)
     first.wait_ready()
-    _mid_job(client, handle.job_id)
+    done = _mid_job(client, handle.job_id).num_chunks_done
+
+    # The next chunks have just started (each runs for seconds): stop now.
+    def fresh_chunks() -> bool:
+        status = client.status(handle.job_id)
+        return status.num_chunks_done == done and client.redis.hlen(inflight_key()) >= 2
+
+    wait_for(fresh_chunks, 60, "fresh chunks", interval_s=0.05)
+    time.sleep(0.5)
     start = time.monotonic()
     first.stop(signal.SIGTERM, timeout_s=30)
     stop_s = time.monotonic() - start
