@@ -94,6 +94,18 @@ def test_bulk_job_end_to_end(redis_server, s3_endpoint, tiny_model_dir, start_wo
     )
     assert manifest["state"] == "completed" and manifest["num_succeeded"] == 99
 
+    # One request through the client API: a job handle with result().
+    single = client.submit(messages=[{"role": "user", "content": "Hi"}], priority="high",
+                           custom_id="one", max_tokens=4, temperature=0)  # fmt: skip
+    (answer,) = single.result(timeout_s=120)
+    assert answer["custom_id"] == "one" and answer["error"] is None
+    assert answer["response"]["body"]["usage"]["completion_tokens"] == 4
+    prompt = client.submit(prompt=[1, 2, 3], max_tokens=2, logprobs=1).result(timeout_s=120)
+    choice = prompt[0]["response"]["body"]["choices"][0]
+    assert (
+        len(choice["logprobs"]["tokens"]) == 2 and len(choice["logprobs"]["top_logprobs"][0]) == 1
+    )
+
     # The CLI reads the same state and results.
     assert json.loads(_tidal(env, "status", job_id))["state"] == "completed"
     cli_out = tmp_path / "cli.out.jsonl"
