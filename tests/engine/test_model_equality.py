@@ -53,8 +53,9 @@ def tiny(request, tmp_path_factory, default_tokenizer_dir):
     kind, overrides = CASES[request.param]
     out = tmp_path_factory.mktemp(request.param)
     hf_model = save_tiny_model(kind, out, default_tokenizer_dir, **overrides)
-    llm = LLM(model=str(out), dtype="float32", device="cpu", block_size=4,
-              kv_cache_memory_bytes=4 << 20)
+    llm = LLM(
+        model=str(out), dtype="float32", device="cpu", block_size=4, kv_cache_memory_bytes=4 << 20
+    )
     return hf_model, llm
 
 
