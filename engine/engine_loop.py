@@ -82,10 +82,12 @@ class EngineLoop:
         return self._stats
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop thread, then the engine's tensor-parallel ranks (if any)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
         self._thread.join(timeout_s)
+        self.engine.shutdown()
 
     def _run(self) -> None:
         engine = self.engine

@@ -145,7 +145,12 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         rt.metrics.worker_ready.set(0)
         rt.lanes.stop()
 
+    def on_shutdown(**_: Any) -> None:  # the pool has stopped: stop the engine (and its ranks)
+        if rt.loop is not None:
+            rt.loop.shutdown()
+
     signals.worker_init.connect(on_init, weak=False)
+    signals.worker_shutdown.connect(on_shutdown, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutting_down, weak=False)
 

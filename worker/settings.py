@@ -29,6 +29,7 @@ class WorkerSettings(ProducerSettings):
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
     seed: int = 0
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs of one model (ranks)")
     # Celery and delivery
     # Chunk threads only wait on the engine, so they are cheap: the ones normal chunks may
     # not take serve the high lane, many at a time.
@@ -68,6 +69,7 @@ class WorkerSettings(ProducerSettings):
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
             seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     def normal_chunk_limit(self) -> int:
