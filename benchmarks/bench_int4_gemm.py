@@ -67,7 +67,7 @@ def graph_time_us(fn, num_copies: int, num_replays: int = 10) -> float:
 class Peers:
     """Copies of one (K, N) weight in the three forms compared."""
 
-    def __init__(self, k: int, n: int):
+    def __init__(self, k: int, n: int, with_torch: bool = True):
         self.k, self.n = k, n
         self.num_bf16 = max(2, ROTATE_BYTES // (k * n * 2))
         self.num_int4 = max(2, ROTATE_BYTES // (k * n // 2))
@@ -78,6 +78,8 @@ class Peers:
         self.int4 = [random_int4(n, k) for _ in range(self.num_int4)]
         self.torch_int4 = None
         try:
+            if not with_torch:
+                raise RuntimeError("not requested")
             packed = [
                 torch._convert_weight_to_int4pack(
                     torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda"), 8
@@ -187,6 +189,96 @@ def sweep(peers: Peers, m: int, x: torch.Tensor) -> tuple[Int4GemmConfig, float]
     return best
 
 
+def variants(m: int, k: int, n: int) -> list[tuple[str, Int4GemmConfig]]:
+    """Named configs timed by ``--variants``: the nibble / magic-number kernels against the
+    unpacking (interleave) kernel of the earlier table, per M."""
+    out: list[tuple[str, Int4GemmConfig]] = []
+    if m == 1:
+        out.append(
+            ("gemv-unpack bn64 w2 s16", Int4GemmConfig("gemv", 16, 64, 128, 16, 2, 3, False))
+        )
+        for bn, warps, split in itertools.product((32, 64, 128, 256), (2, 4), (4, 8, 16)):
+            if bn == 256 and warps == 2:
+                continue
+            cfg = Int4GemmConfig("gemv", 16, bn, 128, split, warps, 3, True)
+            out.append((f"gemv bn{bn} w{warps} s{split}", cfg))
+    else:
+        bm = 16 if m <= 16 else 64
+        out.append(
+            (f"tiled-unpack {bm}x128 s8", Int4GemmConfig("tiled", bm, 128, 128, 8, 4, 3, False))
+        )
+        for bm, bn, split in itertools.product((16, 32, 64), (64, 128), (1, 2, 4, 8, 16)):
+            if bm > m or (bm == 16 and split == 1) or (bm > 16 and split == 16):
+                continue
+            cfg = Int4GemmConfig("tiled", bm, bn, 128, split, 4, 3, True)
+            out.append((f"tiled {bm}x{bn} s{split}", cfg))
+        for stages in (2, 4):
+            cfg = Int4GemmConfig("tiled", 16, 128, 128, 8, 4, stages, True)
+            out.append((f"tiled 16x128 s8 st{stages}", cfg))
+        cfg = Int4GemmConfig("tiled", 16, 64, 128, 8, 2, 3, True)
+        out.append(("tiled 16x64 s8 w2", cfg))
+        if m == 16:
+            cfg = Int4GemmConfig("gemv", 16, 128, 128, 8, 4, 3, True)
+            out.append(("gemv bn128 w4 s8", cfg))
+    return out
+
+
+def run_variants(rows: list[int], out_dir: Path, budget_s: float) -> None:
+    """Check and time every variant on every shape and M; print the best per (shape, M)."""
+    import time
+
+    t0 = time.time()
+    log = open(out_dir / "variants.txt", "w")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    best_rows = []
+    for k, n in SHAPES:
+        peers = Peers(k, n, with_torch=False)
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_bf16 = peers.time_bf16(x)
+            t_bf16_again = peers.time_bf16(x)
+            say(f"K={k} N={n} M={m}: bf16 {t_bf16:.2f} us (again {t_bf16_again:.2f})")
+            results = []
+            for name, cfg in variants(m, k, n):
+                if time.time() - t0 > budget_s:
+                    say(f"  budget spent, skipped {name}")
+                    continue
+                try:
+                    t = peers.time_ours(x, cfg)
+                    err = peers.check(x, cfg)
+                except Exception as exc:  # report and go on: one bad variant costs one line
+                    say(f"  FAILED {name}: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                ok = err < 1e-2
+                flag = "" if ok else " WRONG"
+                say(f"  {name:28s} {t:8.2f} us  {t_bf16 / t:5.2f}x  err {err:.1e}{flag}")
+                if ok:
+                    results.append((t, name))
+            results.sort()
+            base = [t for t, nm in results if "unpack" in nm]
+            if results:
+                t, name = results[0]
+                again = peers.time_ours(x, dict(variants(m, k, n))[name])
+                best_rows.append(
+                    (k, n, m, t_bf16, base[0] if base else float("nan"), t, again, name)
+                )
+        del peers
+        torch.cuda.empty_cache()
+    say(f"\nelapsed {time.time() - t0:.0f} s")
+    say("| K x N | M | bf16 (us) | unpack (us) | best (us) | again | best vs bf16 | best |")
+    say("|---|---|---|---|---|---|---|---|")
+    for k, n, m, t_bf16, t_base, t, again, name in best_rows:
+        say(
+            f"| {k} x {n} | {m} | {t_bf16:.1f} | {t_base:.1f} | {t:.1f} | {again:.1f} "
+            f"| {t_bf16 / t:.2f}x | {name} |"
+        )
+
+
 def model_memory_and_decode() -> None:
     """INT4 Llama-3-8B-shaped weights: memory, and one decode step's linear layers."""
     hidden, inter, vocab, num_layers = 4096, 14336, 128256, 32
@@ -235,12 +327,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time candidate configs")
     parser.add_argument("--no-model", action="store_true", help="skip the 8B-model section")
+    parser.add_argument("--variants", action="store_true", help="time the named variants")
+    parser.add_argument("--rows", default="1,16,64", help="M values for --variants")
+    parser.add_argument("--out", default=".", help="folder for the --variants log")
+    parser.add_argument("--budget-s", type=float, default=220.0, help="--variants time cap")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"triton {__import__('triton').__version__}"
     )
+    if args.variants:
+        rows = [int(r) for r in args.rows.split(",")]
+        run_variants(rows, Path(args.out), args.budget_s)
+        return
     rows = []
     for k, n in SHAPES:
         peers = Peers(k, n)

@@ -49,6 +49,86 @@ def _unpack(q):
 
 
 @triton.jit
+def _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K):
+    """Packed words [len(offs_n), len(offs_w)]; no masks when the tile is whole (16-byte
+    vector loads)."""
+    ptrs = qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :]
+    if EVEN_N and EVEN_K:
+        q = tl.load(ptrs)
+    elif EVEN_K:
+        q = tl.load(ptrs, mask=n_mask[:, None], other=0)
+    else:
+        q = tl.load(ptrs, mask=n_mask[:, None] & (offs_w[None, :] < K // 8), other=0)
+    return q
+
+
+@triton.jit
+def _nibble_dot(q, x_row, offs_w, k_end, EVEN_K):
+    """sum_k x_k q_k per row of the words q [R, W] (k = 8w + j), and sum_k x_k, in fp32.
+
+    No unpacking to K order: nibble j of every word meets x[8w + j] (a strided load of x).
+    Codes become floats by the magic-number trick: OR the nibble, left in place at bit 4i of
+    its 16-bit half, into the mantissa of 2^23 and subtract 2^23 (exact: n * 16^i); the
+    16^-i goes into x. No integer-to-float conversions, no shuffles.
+    """
+    hi = q >> 16
+    part = tl.zeros(q.shape, dtype=tl.float32)
+    x_sum = tl.zeros([q.shape[1]], dtype=tl.float32)
+    for j in tl.static_range(8):
+        offs_k = offs_w * 8 + j
+        if EVEN_K:
+            xj = tl.load(x_row + offs_k).to(tl.float32)
+        else:
+            xj = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+        x_sum += xj
+        if j < 4:
+            src = q
+        else:
+            src = hi
+        bits = (src & (0xF << (4 * (j % 4)))) | 0x4B000000
+        f = bits.to(tl.float32, bitcast=True) - 8388608.0
+        if j % 4 == 0:
+            part += f * xj[None, :]
+        elif j % 4 == 1:
+            part += f * (xj * 0.0625)[None, :]
+        elif j % 4 == 2:
+            part += f * (xj * 0.00390625)[None, :]
+        else:
+            part += f * (xj * 0.000244140625)[None, :]
+    return tl.sum(part, axis=1), tl.sum(x_sum, axis=0)
+
+
+@triton.jit
+def _nibble_mma(q, x_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, EVEN_MK):
+    """part [BM, BN] += x[:, 8w + j] @ codes_j^T over the 8 nibbles j of the words q [BN, W].
+
+    fp16/bf16: code n becomes the 16-bit float MAGIC | n (1024 + n in fp16, 128 + n in
+    bf16; no int-to-float conversion); the caller subtracts bias * sum_k x_k afterwards.
+    fp32: exact conversion of n (IEEE dot).
+    """
+    hi = q >> 16
+    for j in tl.static_range(8):
+        offs_k = offs_w * 8 + j
+        if EVEN_MK:
+            xj = tl.load(x_ptrs + offs_k[None, :])
+        else:
+            mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+            xj = tl.load(x_ptrs + offs_k[None, :], mask=mask, other=0.0)
+        x_sum += tl.sum(xj.to(tl.float32), axis=1)
+        if j < 4:
+            src = q
+        else:
+            src = hi
+        if MAGIC == 0:
+            c = ((src >> (4 * (j % 4))) & 0xF).to(tl.float32)
+            part = tl.dot(xj, tl.trans(c), acc=part, input_precision="ieee")
+        else:
+            c = (((src >> (4 * (j % 4))) & 0xF) | MAGIC).to(tl.int16).to(xj.dtype, bitcast=True)
+            part = tl.dot(xj, tl.trans(c), acc=part)
+    return part, x_sum
+
+
+@triton.jit
 def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE: tl.constexpr):
     # MODE 0: one split, store. MODE 1: fp32 atomics into a zeroed fp32 output (cast later).
     # MODE 2: atomics into a self-cleaning fp32 workspace; the last split of a tile (ticket
@@ -90,6 +170,9 @@ def _int4_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MODE: tl.constexpr,
+    NIBBLE: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     # One row of x per program along axis 2. A tile never straddles a quantization group
     # (BLOCK_K divides group_size, or there is one group), so the scale and offset apply
@@ -102,21 +185,25 @@ def _int4_gemv_kernel(
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    x_row = x_ptr + m * stride_x_m
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        q = tl.load(
-            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
-            mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
-            other=0,
-        )
-        x = tl.load(x_ptr + m * stride_x_m + offs_k, mask=offs_k < k_end, other=0.0)
-        x = x.to(tl.float32)
+        offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
+        if NIBBLE:
+            qx, x_sum = _nibble_dot(q, x_row, offs_w, k_end, EVEN_K)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+            qx = tl.sum(_unpack(q).to(tl.float32) * x[None, :], axis=1)
+            x_sum = tl.sum(x, axis=0)
         g = k0 // group_size
-        s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        qx = tl.sum(_unpack(q).to(tl.float32) * x[None, :], axis=1)
-        acc += s * qx + o * tl.sum(x, axis=0)
+        if EVEN_N:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
+        else:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc += s * qx + o * x_sum
     _epilogue(
         acc,
         out_ptr + m * stride_out_m + offs_n,
@@ -154,6 +241,12 @@ def _int4_gemm_kernel(
     GROUP_M: tl.constexpr,
     MODE: tl.constexpr,
     IEEE: tl.constexpr,
+    NIBBLE: tl.constexpr,
+    MAGIC: tl.constexpr,
+    BIAS: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_M: tl.constexpr,
 ):
     # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
     # scale and offset are applied to the partial product of each tile (one group per tile).
@@ -174,28 +267,38 @@ def _int4_gemm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_x_m + offs_k[None, :],
-            mask=m_mask[:, None] & (offs_k[None, :] < k_end),
-            other=0.0,
-        )
-        q = tl.load(
-            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
-            mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
-            other=0,
-        )
-        qv = _unpack(q).to(x.dtype)
-        if IEEE:
-            part = tl.dot(x, tl.trans(qv), input_precision="ieee")
+        offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
+        if NIBBLE:
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            x_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+            part, x_sum = _nibble_mma(
+                q, x_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, EVEN_M and EVEN_K
+            )
+            if MAGIC != 0:
+                part -= BIAS * x_sum[:, None]  # the codes were bias + n
         else:
-            part = tl.dot(x, tl.trans(qv))
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptrs + offs_k[None, :],
+                mask=m_mask[:, None] & (offs_k[None, :] < k_end),
+                other=0.0,
+            )
+            qv = _unpack(q).to(x.dtype)
+            if IEEE:
+                part = tl.dot(x, tl.trans(qv), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(qv))
+            x_sum = tl.sum(x.to(tl.float32), axis=1)
         g = k0 // group_size
-        s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        x_sum = tl.sum(x.to(tl.float32), axis=1)
+        if EVEN_N:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
+        else:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         acc += part * s[None, :] + x_sum[:, None] * o[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     _epilogue(
@@ -230,7 +333,7 @@ def _int4_dequant_kernel(
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    offs_w = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
     n_mask = offs_n < N
     q = tl.load(
         qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
@@ -248,6 +351,10 @@ def _int4_dequant_kernel(
         mask=mask,
     )
 
+
+# 16-bit float bit patterns of 1024.0 (fp16) and 128.0 (bf16): MAGIC | n is bias + n exactly.
+_MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}
+_BIAS = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 
 _WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -355,6 +462,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
         ws, locks = out, out  # unused by MODE 0 and 1
     common = (weight.qweight, weight.scales, weight.offsets, out, ws, locks)
     strides = (x.stride(0), weight.qweight.stride(0), weight.scales.stride(0), out.stride(0))
+    even_n, even_k = n % cfg.block_n == 0, k % block_k == 0
     if cfg.strategy == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), num_splits, m)
         _int4_gemv_kernel[grid](
@@ -369,6 +477,9 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
             BLOCK_N=cfg.block_n,
             BLOCK_K=block_k,
             MODE=mode,
+            NIBBLE=cfg.nibble,
+            EVEN_N=even_n,
+            EVEN_K=even_k,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -390,6 +501,12 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
             GROUP_M=8,
             MODE=mode,
             IEEE=x.dtype == torch.float32,
+            NIBBLE=cfg.nibble and block_k >= 128,  # tl.dot needs K >= 16 words
+            MAGIC=_MAGIC.get(x.dtype, 0),
+            BIAS=_BIAS.get(x.dtype, 0.0),
+            EVEN_N=even_n,
+            EVEN_K=even_k,
+            EVEN_M=m % cfg.block_m == 0,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

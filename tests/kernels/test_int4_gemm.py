@@ -62,6 +62,9 @@ CONFIGS = [
     ("tiled", Int4GemmConfig("tiled", block_m=16, block_n=32, block_k=64, split_k=1)),
     ("tiled-split", Int4GemmConfig("tiled", block_m=32, block_n=16, block_k=32, split_k=2)),
     ("dequant", Int4GemmConfig("dequant")),
+    ("gemv-nibble", Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=2, nibble=True)),
+    ("tiled-nibble", Int4GemmConfig("tiled", 16, 16, 128, split_k=2, nibble=True)),
+    ("tiled-nibble-1", Int4GemmConfig("tiled", 32, 32, 128, split_k=1, nibble=True)),
 ]
 
 
@@ -74,6 +77,9 @@ ROWS = {
     "tiled": [1, 37],
     "tiled-split": [16, 300],
     "dequant": [5, 300],
+    "gemv-nibble": [1, 2],
+    "tiled-nibble": [1, 19],
+    "tiled-nibble-1": [3],
 }
 
 
