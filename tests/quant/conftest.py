@@ -1,24 +1,9 @@
-"""Without CUDA the Triton kernels run in the CPU interpreter.
+"""Quantization test fixtures (the root conftest runs Triton in its interpreter on CPU)."""
 
-``TRITON_INTERPRET`` is read when ``@triton.jit`` decorates a kernel; if an earlier test
-directory already imported ``kernels.int4_gemm`` in compiled mode, it is reloaded here.
-"""
+import json
 
-import importlib
-import os
-import sys
-
+import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "kernels.int4_gemm" in sys.modules:
-        importlib.reload(sys.modules["kernels.int4_gemm"])
-
-
-import json  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 def write_byte_tokenizer(path) -> None:
