@@ -493,6 +493,9 @@ def _launch(
     return out
 
 
+_DECODE_GROUP = 8  # decode rows per padded reference computation
+
+
 def paged_attention_ref(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -530,19 +533,24 @@ def paged_attention_ref(
     # Decode rows (one new token each) are batched into one padded computation; sequences with
     # longer query runs go one at a time. The query heads sharing a KV head sit in the
     # "query length" axis of scaled_dot_product_attention, so K/V are never repeated.
-    decode_idx = [i for i in range(num_seqs) if q_lens[i] == 1]
+    decode_idx = sorted((i for i in range(num_seqs) if q_lens[i] == 1), key=lambda i: lens[i])
     other_idx = [i for i in range(num_seqs) if q_lens[i] > 1]
-    if decode_idx:
-        num_dec = len(decode_idx)
-        idx = torch.tensor(decode_idx, device=query.device, dtype=torch.long)
-        ctx = max(lens[i] for i in decode_idx)
+    # Groups of similar context length keep the padding (and the gathered bytes) small.
+    for g in range(0, len(decode_idx), _DECODE_GROUP):
+        group_idx = decode_idx[g : g + _DECODE_GROUP]
+        num_dec = len(group_idx)
+        idx = torch.tensor(group_idx, device=query.device, dtype=torch.long)
+        ctx = max(lens[i] for i in group_idx)
         nblk = (ctx + block_size - 1) // block_size
         tables = block_tables[idx, :nblk].long()  # [B, nblk]
-        k = key_cache[tables].reshape(num_dec, nblk * block_size, num_kv_heads, head_dim)
-        v = value_cache[tables].reshape(num_dec, nblk * block_size, num_kv_heads, head_dim)
+        flat = tables.reshape(-1)  # index_select copies whole blocks, far faster than indexing
+        k = key_cache.index_select(0, flat).view(num_dec, nblk * block_size, num_kv_heads, head_dim)
+        v = value_cache.index_select(0, flat).view(
+            num_dec, nblk * block_size, num_kv_heads, head_dim
+        )
         k = k[:, :ctx].float().transpose(1, 2)  # [B, Hkv, ctx, D]
         v = v[:, :ctx].float().transpose(1, 2)
-        rows = torch.tensor([starts[i] for i in decode_idx], device=query.device)
+        rows = torch.tensor([starts[i] for i in group_idx], device=query.device)
         q = query[rows].float().view(num_dec, num_kv_heads, group, head_dim)
         kpos = torch.arange(ctx, device=query.device)
         slens = seq_lens[idx].long()
@@ -556,8 +564,8 @@ def paged_attention_ref(
         q_len = q_lens[i]
         nblk = (ctx + block_size - 1) // block_size
         table = block_tables[i, :nblk].long()
-        k = key_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx]
-        v = value_cache[table].reshape(nblk * block_size, num_kv_heads, head_dim)[:ctx]
+        k = key_cache.index_select(0, table).view(nblk * block_size, num_kv_heads, head_dim)[:ctx]
+        v = value_cache.index_select(0, table).view(nblk * block_size, num_kv_heads, head_dim)[:ctx]
         k = k.float().transpose(0, 1)  # [Hkv, ctx, D]
         v = v.float().transpose(0, 1)
         q = query[starts[i] : starts[i + 1]].float().view(q_len, num_kv_heads, group, head_dim)
