@@ -73,10 +73,16 @@ def test_sigterm_hands_back_within_soft_timeout(
     first.wait_ready()
     done = _mid_job(client, handle.job_id).num_chunks_done
 
-    # The next chunks have just started (each runs for seconds): stop now.
+    # Stop while at least two chunks run and none has ended since we last looked (each runs
+    # for seconds). When one ends meanwhile, wait for the chunks that follow it instead.
+    seen = {"done": done}
+
     def fresh_chunks() -> bool:
-        status = client.status(handle.job_id)
-        return status.num_chunks_done == done and client.redis.hlen(inflight_key()) >= 2
+        num_done = client.status(handle.job_id).num_chunks_done
+        if num_done != seen["done"]:
+            seen["done"] = num_done
+            return False
+        return client.redis.hlen(inflight_key()) >= 2
 
     wait_for(fresh_chunks, 60, "fresh chunks", interval_s=0.05)
     time.sleep(0.5)
