@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 
 def write_byte_tokenizer(path) -> None:
@@ -28,27 +27,13 @@ def tiny_llama_dir(tmp_path_factory):
 
     Dimensions are multiples of 32 so every group size of the tests divides them.
     """
-    import transformers
+    from tests.engine.conftest import save_tiny_model
 
+    tokenizer_dir = tmp_path_factory.mktemp("byte-tokenizer")
+    write_byte_tokenizer(tokenizer_dir)
     out = tmp_path_factory.mktemp("tiny-llama")
-    cfg = transformers.LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # larger weights than the default init, so logits are not flat
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    model.save_pretrained(out, safe_serialization=True)
-    write_byte_tokenizer(out)
+    save_tiny_model(
+        "llama", out, tokenizer_dir, vocab_size=512, intermediate_size=128,
+        max_position_embeddings=256, tie_word_embeddings=False,
+    )  # fmt: skip
     return out
