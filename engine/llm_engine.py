@@ -118,7 +118,6 @@ class LLMEngine:
                 eos.update(source)
         self.eos_token_ids = eos
         self.sampler = Sampler(device, seed=config.seed, eos_token_ids=eos)
-        self._requests: dict[str, Request] = {}
         self._parents: dict[str, list[Request]] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -233,7 +232,6 @@ class LLMEngine:
                     self.tokenizer, prep.prompt_token_ids, params
                 )
             children.append(req)
-            self._requests[child_id] = req
             self.scheduler.add_request(req)
         self._parents[prep.request_id] = children
 
@@ -310,8 +308,6 @@ class LLMEngine:
         children = self._parents.pop(parent_id, None)
         if children is None:
             return None
-        for req in children:
-            self._requests.pop(req.request_id, None)
         return self._make_output(parent_id, children)
 
     def _make_output(self, parent_id: str, children: list[Request]) -> RequestOutput:
