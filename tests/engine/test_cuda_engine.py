@@ -43,7 +43,7 @@ def test_cuda_triton_greedy_equals_cpu_reference(tiny_dir):
     assert got == want
 
 
-def test_cuda_bf16_runs_and_mostly_agrees(tiny_dir):
+def test_cuda_bf16_runs_to_the_requested_lengths(tiny_dir):
     prompts, params = mixed_requests()
     gpu = LLM(model=str(tiny_dir), device="cuda", dtype="bfloat16", max_num_batched_tokens=64)
     outs = gpu.generate(prompts, params)
