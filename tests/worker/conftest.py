@@ -183,14 +183,24 @@ def worker_env(redis_url: str, s3_url: str, model_dir: Path, **extra: str) -> di
 
 
 class WorkerProcess:
-    """`python -m producer.cli worker` as a subprocess, with its log in a file."""
+    """`python -m producer.cli worker` as a subprocess, with its log in a file.
 
-    def __init__(self, env: dict[str, str], log_path: Path, queues: str | None = None) -> None:
+    ``launcher`` replaces ``-m producer.cli``: a test's own script that sets up a fault and
+    then hands the ``worker ...`` arguments to the real CLI.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        queues: str | None = None,
+        launcher: list[str] | None = None,
+    ) -> None:
         self.env = env
         self.log_path = log_path
         self.metrics_port = int(env["TIDAL_METRICS_PORT"])
-        args = [sys.executable, "-m", "producer.cli", "worker", "--loglevel", "INFO",
-                "--hostname", f"w{free_port()}@test"]  # fmt: skip
+        args = [sys.executable, *(launcher or ["-m", "producer.cli"]), "worker",
+                "--loglevel", "INFO", "--hostname", f"w{free_port()}@test"]  # fmt: skip
         if queues:
             args += ["--queues", queues]
         self.log = open(log_path, "ab")
@@ -233,8 +243,10 @@ class WorkerProcess:
 def start_worker(tmp_path):
     workers: list[WorkerProcess] = []
 
-    def start(env: dict[str, str], queues: str | None = None) -> WorkerProcess:
-        worker = WorkerProcess(env, tmp_path / f"worker-{len(workers)}.log", queues)
+    def start(
+        env: dict[str, str], queues: str | None = None, launcher: list[str] | None = None
+    ) -> WorkerProcess:
+        worker = WorkerProcess(env, tmp_path / f"worker-{len(workers)}.log", queues, launcher)
         workers.append(worker)
         return worker
 

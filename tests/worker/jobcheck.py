@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from dataclasses import dataclass
+from typing import Any
 
 import boto3
 
@@ -44,3 +47,30 @@ def check_exactly_once(client: Client, job_id: str, lines: list[str], s3_url: st
     keys = sorted(o["Key"] for o in listing["Contents"])
     assert keys == [f"jobs/{job_id}/results/part-{i:05d}.jsonl" for i in range(status.num_chunks)]
     return status
+
+
+# kombu's Redis transport keeps a delivered, not yet acked message in this hash (delivery tag
+# -> [message, exchange, routing key]) until the ack; a crashed worker's messages stay there.
+KOMBU_UNACKED_KEY = "unacked"
+
+
+@dataclass(frozen=True)
+class Unacked:
+    """One message a worker took and has not acked: its queue, task name and kwargs."""
+
+    queue: str
+    task: str
+    kwargs: dict[str, Any]
+
+
+def unacked_messages(redis_client) -> list[Unacked]:
+    """Every message in kombu's unacked hash, decoded (Celery protocol 2, JSON body)."""
+    out = []
+    for raw in redis_client.hvals(KOMBU_UNACKED_KEY):
+        message, _exchange, routing_key = json.loads(raw)
+        body = message["body"]
+        if message["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        _args, kwargs, _embed = json.loads(body)
+        out.append(Unacked(routing_key, message["headers"]["task"], kwargs))
+    return out

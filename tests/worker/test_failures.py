@@ -1,4 +1,5 @@
-"""Faults while a job runs: kill -9, SIGTERM, a Redis restart, S3 500s, a missing bucket / 403.
+"""Faults while a job runs: kill -9, SIGTERM, an engine crash, a Redis restart, S3 500s, a
+missing bucket / 403.
 
 Each test checks the delivery guarantee: every accepted line ends with exactly one output
 line and every chunk with exactly one result object; duplicates are counted, nothing lost.
@@ -14,12 +15,14 @@ import boto3
 import pytest
 import redis
 
-from producer.jobs import JobState
-from producer.queues import dead_letter_key, inflight_key
+from producer.jobs import RUN_CHUNK_TASK, JobState
+from producer.queues import dead_letter_key, inflight_key, job_chunks_key
 from producer.storage import PermanentStorageError
-from tests.worker.conftest import wait_for, worker_env
-from tests.worker.jobcheck import check_exactly_once, make_client, submit
+from tests.worker.conftest import free_port, wait_for, worker_env
+from tests.worker.faulty_engine_worker import FAULT_MESSAGE
+from tests.worker.jobcheck import check_exactly_once, make_client, submit, unacked_messages
 from tests.worker.s3_fault_proxy import S3FaultProxy
+from worker.tasks import EXIT_ENGINE_DEAD
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +60,43 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
     client.wait(handle.job_id, timeout_s=300)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
+
+
+def test_engine_crash_exits_without_ack_then_new_worker(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=64, max_tokens=48)
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY)
+    # The engine's step raises after 150 steps (a few for the start-up warm-up, then about
+    # three chunks' worth), as a CUDA fault would, while chunks are running.
+    launcher = ["-m", "tests.worker.faulty_engine_worker", "150"]
+    first = start_worker(env, launcher=launcher)
+    first.wait_ready()
+    wait_for(lambda: first.proc.poll() is not None, 120, "the worker to die with its engine")
+    assert first.proc.returncode == EXIT_ENGINE_DEAD, first.tail()
+    log = first.tail(50000)
+    assert FAULT_MESSAGE in log and "exiting without acking" in log, log
+
+    # The chunks it was running are still delivered-not-acked, and none of them is done.
+    status = client.status(handle.job_id)
+    assert status.state != JobState.COMPLETED, status
+    held = [m.kwargs for m in unacked_messages(client.redis) if m.task == RUN_CHUNK_TASK]
+    assert held and all(kw["job_id"] == handle.job_id for kw in held), held
+    assert all(m.queue == "tidal.normal" for m in unacked_messages(client.redis))
+    held_chunks = {kw["chunk_index"] for kw in held}
+    done_chunks = {int(c) for c in client.redis.smembers(job_chunks_key(handle.job_id))}
+    # A chunk may have written its result just before the exit, without its ack: it is
+    # redelivered too, and then counted as a duplicate (never a second result).
+    finished_unacked = held_chunks & done_chunks
+    assert len(finished_unacked) < len(held_chunks), (held_chunks, done_chunks)
+
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
+    second.wait_ready()
+    client.wait(handle.job_id, timeout_s=120)
+    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    assert status.num_duplicates == len(finished_unacked), status
+    wait_for(lambda: not unacked_messages(client.redis), 10, "every message to be acked")
 
 
 def test_sigterm_hands_back_within_soft_timeout(
