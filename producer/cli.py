@@ -141,11 +141,17 @@ def worker(
 
 
 @app.command()
-def beat(loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO") -> None:
-    """Start Celery beat: enqueues warm-up tasks on TIDAL_WARMUP_CRON."""
+def beat(
+    loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+    schedule_file: Annotated[
+        str | None, typer.Option(help="beat's state file (default: ./celerybeat-schedule)")
+    ] = None,
+) -> None:
+    """Start Celery beat: enqueues warm-up tasks on TIDAL_WARMUP_CRON or
+    TIDAL_WARMUP_INTERVAL_S."""
     from worker.main import run_beat
 
-    sys.exit(run_beat(loglevel=loglevel))
+    sys.exit(run_beat(loglevel=loglevel, schedule_file=schedule_file))
 
 
 @app.command()

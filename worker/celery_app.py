@@ -8,10 +8,11 @@ clock after which running chunks are handed back.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery, signals
-from celery.schedules import crontab
+from celery.schedules import crontab, schedule
 from celery.worker.consumer import Consumer
 
 from producer.broker import celery_config
@@ -74,26 +75,34 @@ def _soft_shutdown_aware_worker(base: type, rt: WorkerRuntime) -> type:
 
 
 def beat_schedule(settings: WorkerSettings) -> dict[str, Any]:
-    """Warm-up on ``warmup_cron`` (on the high lane, dropped if older than the expiry)."""
-    if not settings.warmup_cron:
+    """Warm-up on ``warmup_cron`` or every ``warmup_interval_s`` (on the high lane, dropped
+    if older than the expiry); empty when neither is set."""
+    if settings.warmup_interval_s is not None:
+        every: Any = schedule(timedelta(seconds=settings.warmup_interval_s))
+    elif settings.warmup_cron:
+        every = _crontab(settings.warmup_cron)
+    else:
         return {}
-    fields = settings.warmup_cron.split()
-    if len(fields) != 5:
-        raise ValueError(
-            f"warmup_cron must have 5 fields 'minute hour day month weekday', "
-            f"got {settings.warmup_cron!r}"
-        )
-    minute, hour, day_of_month, month_of_year, day_of_week = fields
     return {
         "tidal-warmup": {
             "task": WARMUP_TASK,
-            "schedule": crontab(minute, hour, day_of_week, day_of_month, month_of_year),
+            "schedule": every,
             "options": {
                 "queue": queue_name("high", settings.queue_prefix),
                 "expires": settings.warmup_expires_s,
             },
         }
     }
+
+
+def _crontab(cron: str) -> crontab:
+    fields = cron.split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"warmup_cron must have 5 fields 'minute hour day month weekday', got {cron!r}"
+        )
+    minute, hour, day_of_month, month_of_year, day_of_week = fields
+    return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
 
 
 def _dead_lettering_consumer(rt: WorkerRuntime) -> type[Consumer]:

@@ -45,16 +45,23 @@ def run_worker(
     return 0
 
 
-def run_beat(loglevel: str = "INFO") -> int:
-    """Run Celery beat with the warm-up schedule from ``TIDAL_WARMUP_CRON``."""
+def run_beat(loglevel: str = "INFO", schedule_file: str | None = None) -> int:
+    """Run Celery beat with the warm-up schedule (``TIDAL_WARMUP_CRON`` or
+    ``TIDAL_WARMUP_INTERVAL_S``); beat keeps its state in ``schedule_file``."""
     from worker.celery_app import create_app
 
     settings = WorkerSettings()
-    if not settings.warmup_cron:
-        raise SystemExit("set TIDAL_WARMUP_CRON (e.g. '50 7 * * 1-5') to schedule warm-ups")
+    if not settings.warmup_cron and settings.warmup_interval_s is None:
+        raise SystemExit(
+            "set TIDAL_WARMUP_CRON (e.g. '50 7 * * 1-5') or TIDAL_WARMUP_INTERVAL_S "
+            "to schedule warm-ups"
+        )
     app, _ = create_app(settings)
+    argv = ["beat", f"--loglevel={loglevel}"]
+    if schedule_file:
+        argv.append(f"--schedule={schedule_file}")
     try:
-        app.start(["beat", f"--loglevel={loglevel}"])
+        app.start(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0

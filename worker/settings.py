@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from producer.settings import ProducerSettings
 
@@ -47,11 +47,23 @@ class WorkerSettings(ProducerSettings):
     chunk_max_retries: int = Field(default=5, ge=0)
     chunk_retry_backoff_s: float = Field(default=2.0, ge=0)
     chunk_retry_backoff_max_s: float = Field(default=120.0, ge=0)
-    # warm-up and metrics
+    # warm-up and metrics: beat sends a warm-up on a crontab or every N seconds (not both)
     warmup_cron: str | None = Field(default=None, description="crontab 'm h dom mon dow'")
+    warmup_interval_s: float | None = Field(
+        default=None, gt=0, description="seconds between warm-ups (instead of a crontab)"
+    )
     warmup_expires_s: float = Field(default=600.0, gt=0)
     metrics_port: int | None = Field(default=9100, description="None or 0 turns it off")
     metrics_interval_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_warmup_schedule(self) -> WorkerSettings:
+        if self.warmup_cron and self.warmup_interval_s is not None:
+            raise ValueError(
+                "set either warmup_cron (TIDAL_WARMUP_CRON) or warmup_interval_s "
+                "(TIDAL_WARMUP_INTERVAL_S), not both"
+            )
+        return self
 
     def engine_config(self) -> Any:
         """The ``EngineConfig`` these settings describe."""

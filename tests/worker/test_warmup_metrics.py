@@ -1,15 +1,21 @@
-"""The warm-up task (and its expiry), the beat schedule, and the metrics endpoint after a job."""
+"""The warm-up task (and its expiry), the beat schedule, `tidal beat` sending warm-ups, and
+the metrics endpoint after a job."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
+from datetime import datetime
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from producer.jobs import WARMUP_TASK, JobState
-from producer.queues import queue_name
+from producer.queues import queue_name, redis_list_keys
 from tests.worker.conftest import wait_for, worker_env
 from tests.worker.jobcheck import make_client, submit
 
@@ -39,6 +45,58 @@ def test_beat_schedule_from_cron():
     assert entry["schedule"].day_of_week == {1, 2, 3, 4, 5}
     with pytest.raises(ValueError, match="5 fields"):
         beat_schedule(WorkerSettings(warmup_cron="every morning"))
+    every = beat_schedule(WorkerSettings(warmup_interval_s=90))["tidal-warmup"]
+    assert every["schedule"].run_every.total_seconds() == 90
+    assert every["options"] == {"queue": "tidal.high", "expires": 600}
+    with pytest.raises(ValueError, match="not both"):
+        WorkerSettings(warmup_cron="50 7 * * 1-5", warmup_interval_s=90)
+
+
+@pytest.mark.slow
+def test_tidal_beat_sends_expiring_warmups_that_a_worker_runs(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    expires_s = 60
+    schedule = {"TIDAL_WARMUP_INTERVAL_S": "1", "TIDAL_WARMUP_EXPIRES_S": str(expires_s)}
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **schedule)
+    client = make_client(redis_server.url, s3_endpoint)
+    high = queue_name("high")
+    state_dir = tmp_path / "beat-state"
+    state_dir.mkdir()
+    args = [sys.executable, "-m", "producer.cli", "beat", "--schedule-file",
+            str(state_dir / "schedule")]  # fmt: skip
+    started_at = time.time()
+    with open(tmp_path / "beat.log", "wb") as log:
+        beat = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: client.redis.llen(high) >= 2, 30, "two warm-ups sent by beat")
+        finally:
+            beat.send_signal(signal.SIGTERM)
+            returncode = beat.wait(10)
+    stopped_at = time.time()
+    beat_log = (tmp_path / "beat.log").read_text(errors="replace")
+    assert returncode == 0, beat_log
+    assert any(state_dir.iterdir()) and not list(tmp_path.glob("celerybeat-schedule*"))
+
+    # Every message is a warm-up on the high lane (base list: Celery's default priority),
+    # expiring expires_s after it was sent; one a second, so none can be older than the run.
+    assert not any(client.redis.llen(k) for k in redis_list_keys(queue_name("normal")))
+    assert not any(client.redis.llen(k) for k in redis_list_keys(high)[1:])
+    messages = [json.loads(m) for m in client.redis.lrange(high, 0, -1)]
+    assert 2 <= len(messages) <= stopped_at - started_at + 1, beat_log
+    for m in messages:
+        assert m["headers"]["task"] == WARMUP_TASK
+        expires_at = datetime.fromisoformat(m["headers"]["expires"]).timestamp()
+        assert started_at + expires_s <= expires_at <= stopped_at + expires_s, m["headers"]
+
+    # A worker runs each of them once (none has expired) and reports readiness.
+    worker = start_worker(env)
+    worker.wait_ready()
+    report = "warm-up: {'ready': True"
+    wait_for(lambda: worker.tail(50000).count(report) >= len(messages), 60, "the warm-ups")
+    time.sleep(1)
+    assert worker.tail(50000).count(report) == len(messages)
+    assert client.redis.llen(high) == 0
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
