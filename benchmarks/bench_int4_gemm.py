@@ -1,7 +1,7 @@
 """INT4 GEMM on the GPU: tidal's Triton kernel beside bf16 cuBLAS and torch's int4 kernel.
 
     python benchmarks/bench_int4_gemm.py            # the table in kernels/int4_gemm_config.py
-    python benchmarks/bench_int4_gemm.py --sweep    # time candidate configs, print the best
+    python benchmarks/bench_int4_gemm.py --sweep --no-model --out DIR  # candidates, best 3
 
 Llama-3-8B projection shapes (K x N), group 128, M = 1, 16, 64, 256, 1024. Each op is
 captured in a CUDA graph that runs it over enough copies of the weight to exceed the L2
@@ -115,64 +115,74 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     """Configs the sweep tries for M rows (kept small: device time is scarce)."""
     out: list[Int4GemmConfig] = []
     if m == 1:
-        for bn, split, warps in itertools.product((8, 16, 32, 64), (4, 8, 16, 32), (2, 4)):
-            out.append(
-                Int4GemmConfig(
-                    "gemv", block_n=bn, block_k=128, split_k=split, num_warps=warps, num_stages=3
-                )
-            )
+        # (outputs per program, K per loop step): 4 or 8 KB of weight per step.
+        tiles = [(64, 128), (32, 256), (16, 512), (64, 256), (32, 512), (16, 1024)]
+        for (bn, bk), warps, split, stages in itertools.product(
+            tiles, (2, 4), (1, 2, 4, 8, 16), (2, 3)
+        ):
+            out.append(Int4GemmConfig("gemv", 16, bn, bk, split, warps, stages))
     if 1 < m <= 16:
-        for bn, split in itertools.product((16, 32), (8, 32)):
-            out.append(
-                Int4GemmConfig(
-                    "gemv", block_n=bn, block_k=128, split_k=split, num_warps=2, num_stages=3
-                )
-            )
-        for bn, split, stages in itertools.product((32, 64, 128), (2, 4, 8, 16), (3, 4)):
-            out.append(
-                Int4GemmConfig(
-                    "tiled",
-                    block_m=16,
-                    block_n=bn,
-                    block_k=128,
-                    split_k=split,
-                    num_warps=4,
-                    num_stages=stages,
-                )
-            )
+        for bn, swap, split, stages in itertools.product(
+            (64, 128, 256), (False, True), (2, 4, 8, 16), (2, 3, 4)
+        ):
+            out.append(Int4GemmConfig("tiled", 16, bn, 128, split, 4, stages, True, swap))
     if m == 64:
-        for bm, bn, split in itertools.product((16, 32, 64), (64, 128), (1, 2, 4, 8)):
-            out.append(
-                Int4GemmConfig(
-                    "tiled",
-                    block_m=bm,
-                    block_n=bn,
-                    block_k=128,
-                    split_k=split,
-                    num_warps=4,
-                    num_stages=4,
-                )
-            )
+        for bm, bn, swap, split in itertools.product(
+            (32, 64), (64, 128), (False, True), (1, 2, 4, 8)
+        ):
+            out.append(Int4GemmConfig("tiled", bm, bn, 128, split, 4, 3, True, swap))
+        for split in (1, 2, 4):
+            out.append(Int4GemmConfig("tiled", 64, 128, 128, split, 4, 4))
     if m >= 64:
-        for bm, bn, bk, stages in itertools.product((64, 128), (128, 256), (64, 128), (3, 4)):
-            if bm * bn * bk <= 128 * 128 * 128:
-                out.append(
-                    Int4GemmConfig(
-                        "tiled",
-                        block_m=bm,
-                        block_n=bn,
-                        block_k=bk,
-                        split_k=1,
-                        num_warps=8,
-                        num_stages=stages,
-                    )
-                )
+        for bm, bn, bk, warps, stages in [
+            (64, 128, 128, 4, 4),
+            (64, 128, 64, 4, 4),
+            (128, 64, 128, 4, 4),
+            (128, 128, 64, 8, 3),
+            (128, 128, 64, 8, 4),
+            (128, 128, 128, 8, 3),
+            (128, 256, 64, 8, 3),
+            (256, 128, 64, 8, 3),
+        ]:
+            if bm <= max(64, m):
+                out.append(Int4GemmConfig("mm", bm, bn, bk, 1, warps, stages))
         out.append(Int4GemmConfig("dequant"))
     return out
 
 
-def sweep(peers: Peers, m: int, x: torch.Tensor) -> tuple[Int4GemmConfig, float]:
-    best: tuple[Int4GemmConfig, float] | None = None
+def _compile_worker(jobs: list[tuple[int, Int4GemmConfig]]) -> int:
+    """Run each (M, config) once on every shape so Triton's disk cache holds its kernels."""
+    weights = {(k, n): random_int4(n, k) for k, n in SHAPES}
+    done = 0
+    for m, cfg in jobs:
+        for (k, _n), weight in weights.items():
+            try:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                int4_gemm(x, weight, config=cfg)
+                done += 1
+            except Exception as exc:  # reported again, with its config, by the timed run
+                print(f"  precompile failed {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(rows: list[int], num_workers: int) -> None:
+    """Compile every sweep candidate in parallel processes (Triton compiles on one core);
+    one process per (M, config), so no kernel is compiled twice."""
+    import multiprocessing as mp
+
+    jobs = [(m, cfg) for m in rows for cfg in candidates(m)]
+    chunks = [jobs[i::num_workers] for i in range(num_workers)]
+    with mp.get_context("spawn").Pool(num_workers) as pool:
+        done = sum(pool.map(_compile_worker, chunks))
+    print(f"precompiled {done} launches of {len(jobs)} configs in {num_workers} processes")
+
+
+def sweep(
+    peers: Peers, m: int, x: torch.Tensor, log
+) -> tuple[Int4GemmConfig, float, list[tuple[float, Int4GemmConfig]]]:
+    """Time and check every candidate; returns the best and all timings, fastest first."""
+    results = []
     for cfg in candidates(m):
         try:
             t = peers.time_ours(x, cfg)
@@ -180,103 +190,15 @@ def sweep(peers: Peers, m: int, x: torch.Tensor) -> tuple[Int4GemmConfig, float]
         except Exception as exc:  # a config that fails to compile is skipped, and said so
             print(f"  failed {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
             continue
+        log.write(f"{peers.k} {peers.n} {m} {t:.2f} {err:.1e} {cfg}\n")
+        log.flush()
         if not err < 1e-2:
             print(f"  WRONG {cfg}: relative error {err:.2e}")
             continue
-        if best is None or t < best[1]:
-            best = (cfg, t)
-    assert best is not None
-    return best
-
-
-def variants(m: int, k: int, n: int) -> list[tuple[str, Int4GemmConfig]]:
-    """Named configs timed by ``--variants``: the nibble / magic-number kernels against the
-    unpacking (interleave) kernel of the earlier table, per M."""
-    out: list[tuple[str, Int4GemmConfig]] = []
-    if m == 1:
-        out.append(
-            ("gemv-unpack bn64 w2 s16", Int4GemmConfig("gemv", 16, 64, 128, 16, 2, 3, False))
-        )
-        for bn, warps, split in itertools.product((32, 64, 128, 256), (2, 4), (4, 8, 16)):
-            if bn == 256 and warps == 2:
-                continue
-            cfg = Int4GemmConfig("gemv", 16, bn, 128, split, warps, 3, True)
-            out.append((f"gemv bn{bn} w{warps} s{split}", cfg))
-    else:
-        bm = 16 if m <= 16 else 64
-        out.append(
-            (f"tiled-unpack {bm}x128 s8", Int4GemmConfig("tiled", bm, 128, 128, 8, 4, 3, False))
-        )
-        for bm, bn, split in itertools.product((16, 32, 64), (64, 128), (1, 2, 4, 8, 16)):
-            if bm > m or (bm == 16 and split == 1) or (bm > 16 and split == 16):
-                continue
-            cfg = Int4GemmConfig("tiled", bm, bn, 128, split, 4, 3, True)
-            out.append((f"tiled {bm}x{bn} s{split}", cfg))
-        for stages in (2, 4):
-            cfg = Int4GemmConfig("tiled", 16, 128, 128, 8, 4, stages, True)
-            out.append((f"tiled 16x128 s8 st{stages}", cfg))
-        cfg = Int4GemmConfig("tiled", 16, 64, 128, 8, 2, 3, True)
-        out.append(("tiled 16x64 s8 w2", cfg))
-        if m == 16:
-            cfg = Int4GemmConfig("gemv", 16, 128, 128, 8, 4, 3, True)
-            out.append(("gemv bn128 w4 s8", cfg))
-    return out
-
-
-def run_variants(rows: list[int], out_dir: Path, budget_s: float) -> None:
-    """Check and time every variant on every shape and M; print the best per (shape, M)."""
-    import time
-
-    t0 = time.time()
-    log = open(out_dir / "variants.txt", "w")
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.write(line + "\n")
-        log.flush()
-
-    best_rows = []
-    for k, n in SHAPES:
-        peers = Peers(k, n, with_torch=False)
-        for m in rows:
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t_bf16 = peers.time_bf16(x)
-            t_bf16_again = peers.time_bf16(x)
-            say(f"K={k} N={n} M={m}: bf16 {t_bf16:.2f} us (again {t_bf16_again:.2f})")
-            results = []
-            for name, cfg in variants(m, k, n):
-                if time.time() - t0 > budget_s:
-                    say(f"  budget spent, skipped {name}")
-                    continue
-                try:
-                    t = peers.time_ours(x, cfg)
-                    err = peers.check(x, cfg)
-                except Exception as exc:  # report and go on: one bad variant costs one line
-                    say(f"  FAILED {name}: {type(exc).__name__}: {str(exc)[:200]}")
-                    continue
-                ok = err < 1e-2
-                flag = "" if ok else " WRONG"
-                say(f"  {name:28s} {t:8.2f} us  {t_bf16 / t:5.2f}x  err {err:.1e}{flag}")
-                if ok:
-                    results.append((t, name))
-            results.sort()
-            base = [t for t, nm in results if "unpack" in nm]
-            if results:
-                t, name = results[0]
-                again = peers.time_ours(x, dict(variants(m, k, n))[name])
-                best_rows.append(
-                    (k, n, m, t_bf16, base[0] if base else float("nan"), t, again, name)
-                )
-        del peers
-        torch.cuda.empty_cache()
-    say(f"\nelapsed {time.time() - t0:.0f} s")
-    say("| K x N | M | bf16 (us) | unpack (us) | best (us) | again | best vs bf16 | best |")
-    say("|---|---|---|---|---|---|---|---|")
-    for k, n, m, t_bf16, t_base, t, again, name in best_rows:
-        say(
-            f"| {k} x {n} | {m} | {t_bf16:.1f} | {t_base:.1f} | {t:.1f} | {again:.1f} "
-            f"| {t_bf16 / t:.2f}x | {name} |"
-        )
+        results.append((t, cfg))
+    results.sort(key=lambda r: r[0])
+    assert results, f"no candidate ran for K={peers.k} N={peers.n} M={m}"
+    return results[0][1], results[0][0], results
 
 
 def model_memory_and_decode() -> None:
@@ -327,30 +249,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="time candidate configs")
     parser.add_argument("--no-model", action="store_true", help="skip the 8B-model section")
-    parser.add_argument("--variants", action="store_true", help="time the named variants")
-    parser.add_argument("--rows", default="1,16,64", help="M values for --variants")
-    parser.add_argument("--out", default=".", help="folder for the --variants log")
-    parser.add_argument("--budget-s", type=float, default=220.0, help="--variants time cap")
+    parser.add_argument("--rows", default="1,16,64,256,1024", help="M values")
+    parser.add_argument("--out", default=".", help="folder for the sweep log")
+    parser.add_argument("--workers", type=int, default=12, help="--sweep compile processes")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"triton {__import__('triton').__version__}"
     )
-    if args.variants:
-        rows = [int(r) for r in args.rows.split(",")]
-        run_variants(rows, Path(args.out), args.budget_s)
-        return
+    row_values = [int(r) for r in args.rows.split(",")]
+    log = open(Path(args.out) / "sweep.txt", "w") if args.sweep else None
+    if args.sweep and args.workers > 1:
+        precompile(row_values, args.workers)
     rows = []
     for k, n in SHAPES:
         peers = Peers(k, n)
-        for m in ROWS:
+        for m in row_values:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t_bf16 = peers.time_bf16(x)
             t_torch = peers.time_torch_int4(x)
             if args.sweep:
-                cfg, t_ours = sweep(peers, m, x)
-                print(f"K={k} N={n} M={m}: best {cfg} {t_ours:.1f} us", flush=True)
+                cfg, t_ours, results = sweep(peers, m, x, log)
+                top = "; ".join(f"{t:.1f} {c}" for t, c in results[:3])
+                print(f"K={k} N={n} M={m}: bf16 {t_bf16:.1f} us, top 3: {top}", flush=True)
             else:
                 err = peers.check(x, None)
                 if not err < 1e-2:

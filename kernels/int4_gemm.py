@@ -47,51 +47,58 @@ def _int4_gemv_kernel(
     N,
     K,
     group_size,
-    k_per_split,
+    subs_per_split,
     num_splits,
     stride_x_m,
     stride_qw_n,
     stride_s_g,
     stride_out_m,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    SUB_W: tl.constexpr,
+    NUM_SUB: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     MODE: tl.constexpr,
-    NIBBLE: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    # One row of x per program along axis 2. A tile never straddles a quantization group
-    # (BLOCK_K divides group_size, or there is one group), so the scale and offset apply
-    # after the reduction: sum_k x_k (q s + o) = s * sum_k x_k q + o * sum_k x_k.
+    # One row of x per program along axis 2. K is cut into sub-groups of SUB_W words that
+    # never straddle a quantization group; a step loads [BLOCK_N, NUM_SUB, SUB_W] words (one
+    # 16-byte load per thread and row where SUB_W >= 4), so the scale and offset of each
+    # sub-group apply after its reduction: sum_k x_k (q s + o) = s sum_k x_k q + o sum_k x_k.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    num_subs = K // (8 * SUB_W)
+    sub_start = pid_k * subs_per_split
+    sub_end = tl.minimum(sub_start + subs_per_split, num_subs)
+    acc = tl.zeros([BLOCK_N, NUM_SUB], dtype=tl.float32)
     x_row = x_ptr + m * stride_x_m
-    for k0 in range(k_start, k_end, BLOCK_K):
-        offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-        q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
-        if NIBBLE:
-            qx, x_sum = _nibble_dot(q, x_row, offs_w, k_end, EVEN_K)
+    offs_w = tl.arange(0, SUB_W)
+    for sub0 in tl.range(sub_start, sub_end, NUM_SUB, num_stages=NUM_STAGES):
+        subs = sub0 + tl.arange(0, NUM_SUB)
+        words = subs[:, None] * SUB_W + offs_w[None, :]  # [NUM_SUB, SUB_W]
+        ptrs = qw_ptr + offs_n[:, None, None] * stride_qw_n + words[None, :, :]
+        sub_mask = subs < sub_end
+        x_mask = sub_mask[:, None] & (offs_w[None, :] < SUB_W)
+        if EVEN_N and EVEN_K:
+            q = tl.load(ptrs)
         else:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
-            qx = tl.sum(_unpack(q).to(tl.float32) * x[None, :], axis=1)
-            x_sum = tl.sum(x, axis=0)
-        g = k0 // group_size
-        if EVEN_N:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
+            q = tl.load(ptrs, mask=n_mask[:, None, None] & x_mask[None, :, :], other=0)
+        qx, x_sum = _nibble_dot(q, x_row, words, x_mask, EVEN_K)
+        g = subs * (8 * SUB_W) // group_size
+        s_ptrs = g[None, :] * stride_s_g + offs_n[:, None]
+        if EVEN_N and EVEN_K:
+            s = tl.load(s_ptr + s_ptrs).to(tl.float32)
+            o = tl.load(o_ptr + s_ptrs).to(tl.float32)
         else:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        acc += s * qx + o * x_sum
+            mask = n_mask[:, None] & sub_mask[None, :]
+            s = tl.load(s_ptr + s_ptrs, mask=mask, other=0.0).to(tl.float32)
+            o = tl.load(o_ptr + s_ptrs, mask=mask, other=0.0).to(tl.float32)
+        acc += s * qx + o * x_sum[None, :]
     _epilogue(
-        acc,
+        tl.sum(acc, axis=1),
         out_ptr + m * stride_out_m + offs_n,
         ws_ptr + m * N + offs_n,
         n_mask,
@@ -104,6 +111,127 @@ def _int4_gemv_kernel(
 
 @triton.jit
 def _int4_gemm_kernel(
+    x_ptr,
+    x32_ptr,
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    group_size,
+    k_per_split,
+    num_splits,
+    stride_x_m,
+    stride_x32_m,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    MODE: tl.constexpr,
+    IEEE: tl.constexpr,
+    NIBBLE: tl.constexpr,
+    MAGIC: tl.constexpr,
+    BIAS: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    SWAP: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
+    # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
+    # scale and offset are applied to the partial product of each tile (one group per tile).
+    # SWAP (nibble kernel only) computes the transposed tile, codes as the A operand.
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_rows
+    pid_n = (pid % num_pid_in_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
+    x32_ptrs = x32_ptr + offs_m[:, None] * stride_x32_m
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
+        if NIBBLE:
+            part = tl.zeros(acc.shape, dtype=tl.float32)
+            x_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+            part, x_sum = _nibble_mma(
+                q,
+                x_ptrs,
+                x32_ptrs,
+                offs_w,
+                m_mask,
+                k_end,
+                part,
+                x_sum,
+                MAGIC,
+                IS_BF16,
+                SWAP,
+                EVEN_M and EVEN_K,
+            )
+            if MAGIC != 0:
+                if SWAP:
+                    part -= BIAS * x_sum[None, :]  # the codes were bias + n
+                else:
+                    part -= BIAS * x_sum[:, None]
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptrs + offs_k[None, :],
+                mask=m_mask[:, None] & (offs_k[None, :] < k_end),
+                other=0.0,
+            )
+            qv = _unpack(q).to(x.dtype)
+            if IEEE:
+                part = tl.dot(x, tl.trans(qv), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(qv))
+            x_sum = tl.sum(x.to(tl.float32), axis=1)
+        g = k0 // group_size
+        if EVEN_N:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
+        else:
+            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if SWAP:
+            acc += part * s[:, None] + o[:, None] * x_sum[None, :]
+        else:
+            acc += part * s[None, :] + x_sum[:, None] * o[None, :]
+    if SWAP:
+        mask = n_mask[:, None] & m_mask[None, :]
+        out_off = offs_m[None, :] * stride_out_m + offs_n[:, None]
+        ws_off = offs_m[None, :] * N + offs_n[:, None]
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+        out_off = offs_m[:, None] * stride_out_m + offs_n[None, :]
+        ws_off = offs_m[:, None] * N + offs_n[None, :]
+    _epilogue(acc, out_ptr + out_off, ws_ptr + ws_off, mask, lock_ptr, pid, num_splits, MODE)
+
+
+@triton.jit
+def _int4_mm_kernel(
     x_ptr,
     qw_ptr,
     s_ptr,
@@ -127,15 +255,13 @@ def _int4_gemm_kernel(
     GROUP_M: tl.constexpr,
     MODE: tl.constexpr,
     IEEE: tl.constexpr,
-    NIBBLE: tl.constexpr,
-    MAGIC: tl.constexpr,
-    BIAS: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
-    EVEN_M: tl.constexpr,
 ):
-    # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
-    # scale and offset are applied to the partial product of each tile (one group per tile).
+    # Each weight tile is dequantized in registers to x's dtype (one group per tile) and fed
+    # to one accumulating tl.dot chain, as in a plain GEMM. The packed words of the next tile
+    # are loaded before the current one is used (the unpacking keeps Triton's pipeliner from
+    # streaming them through shared memory), so their latency hides behind the product.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -151,33 +277,26 @@ def _int4_gemm_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
+    offs_w = tl.multiple_of(k_start // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    q_next = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
     for k0 in range(k_start, k_end, BLOCK_K):
-        offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-        q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
-        if NIBBLE:
-            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            x_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-            part, x_sum = _nibble_mma(
-                q, x_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, EVEN_M and EVEN_K
-            )
-            if MAGIC != 0:
-                part -= BIAS * x_sum[:, None]  # the codes were bias + n
+        q = q_next
+        offs_w = tl.multiple_of((k0 + BLOCK_K) // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q_next = tl.load(
+            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
+            mask=n_mask[:, None] & (tl.full([1, BLOCK_K // 8], k0 + BLOCK_K, tl.int32) < k_end),
+            other=0,
+        )
+        offs_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            x = tl.load(x_ptrs + offs_k[None, :], mask=m_mask[:, None], other=0.0)
         else:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(
-                x_ptrs + offs_k[None, :],
-                mask=m_mask[:, None] & (offs_k[None, :] < k_end),
-                other=0.0,
+                x_ptrs + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0
             )
-            qv = _unpack(q).to(x.dtype)
-            if IEEE:
-                part = tl.dot(x, tl.trans(qv), input_precision="ieee")
-            else:
-                part = tl.dot(x, tl.trans(qv))
-            x_sum = tl.sum(x.to(tl.float32), axis=1)
         g = k0 // group_size
         if EVEN_N:
             s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
@@ -185,7 +304,11 @@ def _int4_gemm_kernel(
         else:
             s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        acc += part * s[None, :] + x_sum[:, None] * o[None, :]
+        w = (_unpack(q).to(tl.float32) * s[:, None] + o[:, None]).to(x.dtype)
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc=acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc=acc)
     mask = m_mask[:, None] & n_mask[None, :]
     _epilogue(
         acc,
@@ -323,81 +446,165 @@ def int4_gemm(
     return out.reshape(*lead, n)
 
 
+def _sub_k(group_size: int) -> int:
+    """K values of a gemv sub-group: the largest power of two dividing the group, <= 128."""
+    return min(group_size & -group_size, 128)
+
+
+def _split_k_output(x: torch.Tensor, m: int, n: int, num_splits: int, num_tiles: int):
+    """(mode, out, workspace, locks) for the epilogue: MODE 0 stores, MODE 2 reduces splits in
+    the self-cleaning workspace, MODE 1 (inside a capture that would grow it) adds atomically
+    into a zeroed fp32 output that is cast afterwards."""
+    if num_splits == 1:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        return 0, out, out, out
+    found = _workspace(x.device, m * n, num_tiles)
+    if found is None:
+        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+        return 1, out, out, out
+    return 2, torch.empty((m, n), dtype=x.dtype, device=x.device), *found
+
+
 def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    if cfg.strategy == "gemv":
+        return _launch_gemv(x, weight, cfg)
+    if cfg.strategy == "tiled":
+        return _launch_tiled(x, weight, cfg)
+    if cfg.strategy == "mm":
+        return _launch_mm(x, weight, cfg)
+    raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: gemv, tiled, mm, dequant")
+
+
+def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    m, k = x.shape
+    n, g = weight.out_features, weight.group_size
+    sub_k = min(_sub_k(g), cfg.block_k)
+    num_sub = cfg.block_k // sub_k
+    num_subs = k // sub_k
+    subs_per_split = triton.cdiv(triton.cdiv(num_subs, cfg.split_k), num_sub) * num_sub
+    num_splits = triton.cdiv(num_subs, subs_per_split)
+    num_pid_n = triton.cdiv(n, cfg.block_n)
+    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, m * num_pid_n)
+    _int4_gemv_kernel[(num_pid_n, num_splits, m)](
+        x,
+        weight.qweight,
+        weight.scales,
+        weight.offsets,
+        out,
+        ws,
+        locks,
+        n,
+        k,
+        g,
+        subs_per_split,
+        num_splits,
+        x.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        BLOCK_N=cfg.block_n,
+        SUB_W=sub_k // 8,
+        NUM_SUB=num_sub,
+        NUM_STAGES=cfg.num_stages,
+        MODE=mode,
+        EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=num_subs % subs_per_split == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out.to(x.dtype) if mode == 1 else out
+
+
+def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
     block_k = cfg.block_k if g == k else min(cfg.block_k, g)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
-    if cfg.strategy == "gemv":
-        num_tiles = m * triton.cdiv(n, cfg.block_n)
-    else:
-        num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    mode, ws, locks = 0, None, None
-    if num_splits > 1:
-        found = _workspace(x.device, m * n, num_tiles)
-        mode = 1 if found is None else 2
-        if found is not None:
-            ws, locks = found
-    out = (
-        torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        if mode == 1
-        else torch.empty((m, n), dtype=x.dtype, device=x.device)
+    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
+    nibble = cfg.nibble and block_k >= 128  # tl.dot needs K >= 16 words
+    sixteen_bit = x.dtype in _MAGIC
+    if nibble and sixteen_bit and x.stride(0) % 2:
+        x = x.contiguous()
+    x32 = x.view(torch.int32) if nibble and sixteen_bit else x  # pairs of x along K
+    _int4_gemm_kernel[(num_tiles, num_splits)](
+        x,
+        x32,
+        weight.qweight,
+        weight.scales,
+        weight.offsets,
+        out,
+        ws,
+        locks,
+        m,
+        n,
+        k,
+        g,
+        k_per_split,
+        num_splits,
+        x.stride(0),
+        x32.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        MODE=mode,
+        IEEE=x.dtype == torch.float32,
+        NIBBLE=nibble,
+        MAGIC=_MAGIC.get(x.dtype, 0),
+        BIAS=_BIAS.get(x.dtype, 0.0),
+        IS_BF16=x.dtype == torch.bfloat16,
+        SWAP=nibble and cfg.swap,
+        EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=k % block_k == 0,
+        EVEN_M=m % cfg.block_m == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
-    if ws is None:
-        ws, locks = out, out  # unused by MODE 0 and 1
-    common = (weight.qweight, weight.scales, weight.offsets, out, ws, locks)
-    strides = (x.stride(0), weight.qweight.stride(0), weight.scales.stride(0), out.stride(0))
-    even_n, even_k = n % cfg.block_n == 0, k % block_k == 0
-    if cfg.strategy == "gemv":
-        grid = (triton.cdiv(n, cfg.block_n), num_splits, m)
-        _int4_gemv_kernel[grid](
-            x,
-            *common,
-            n,
-            k,
-            g,
-            k_per_split,
-            num_splits,
-            *strides,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=block_k,
-            MODE=mode,
-            NIBBLE=cfg.nibble,
-            EVEN_N=even_n,
-            EVEN_K=even_k,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-    elif cfg.strategy == "tiled":
-        grid = (num_tiles, num_splits)
-        _int4_gemm_kernel[grid](
-            x,
-            *common,
-            m,
-            n,
-            k,
-            g,
-            k_per_split,
-            num_splits,
-            *strides,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=block_k,
-            GROUP_M=8,
-            MODE=mode,
-            IEEE=x.dtype == torch.float32,
-            NIBBLE=cfg.nibble and block_k >= 128,  # tl.dot needs K >= 16 words
-            MAGIC=_MAGIC.get(x.dtype, 0),
-            BIAS=_BIAS.get(x.dtype, 0.0),
-            EVEN_N=even_n,
-            EVEN_K=even_k,
-            EVEN_M=m % cfg.block_m == 0,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-    else:
-        raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: gemv, tiled, dequant")
+    return out.to(x.dtype) if mode == 1 else out
+
+
+def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    m, k = x.shape
+    n, g = weight.out_features, weight.group_size
+    block_k = cfg.block_k if g == k else min(cfg.block_k, g)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
+    num_splits = triton.cdiv(k, k_per_split)
+    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
+    _int4_mm_kernel[(num_tiles, num_splits)](
+        x,
+        weight.qweight,
+        weight.scales,
+        weight.offsets,
+        out,
+        ws,
+        locks,
+        m,
+        n,
+        k,
+        g,
+        k_per_split,
+        num_splits,
+        x.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k,
+        GROUP_M=8,
+        MODE=mode,
+        IEEE=x.dtype == torch.float32,
+        EVEN_N=n % cfg.block_n == 0,
+        EVEN_K=k % block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return out.to(x.dtype) if mode == 1 else out
 
 

@@ -13,21 +13,22 @@ from dataclasses import dataclass
 
 import torch
 
-STRATEGIES = ("gemv", "tiled", "dequant")
+STRATEGIES = ("gemv", "tiled", "mm", "dequant")
 
 
 @dataclass(frozen=True)
 class Int4GemmConfig:
     """How to run one INT4 GEMM.
 
-    strategy: ``gemv`` (M small, reduction in registers), ``tiled`` (``tl.dot`` tiles) or
-    ``dequant`` (dequantize, then cuBLAS). ``split_k`` > 1 splits K across programs and
-    reduces with fp32 atomics. ``block_k`` is capped at the group size by the launcher.
-    ``nibble``: multiply each nibble position of the packed words by a strided slice of x
-    and turn codes into floats by the magic-number trick (no unpacking to K order, no
-    int-to-float conversion); False unpacks with interleaves (the tiled strategy also falls
-    back to that when ``block_k`` < 128). Measured on the H200 the two are within a few
-    percent at equal settings (BENCHMARKS.md, "INT4 GEMM").
+    strategy: ``gemv`` (M small, reduction in registers, ``block_k`` K values per loop step
+    across quantization groups), ``tiled`` (``tl.dot`` on raw codes, scale and offset per
+    group tile; ``block_k`` capped at the group size), ``mm`` (large M: each weight tile
+    dequantized in registers, one accumulating ``tl.dot`` chain) or ``dequant`` (dequantize,
+    then cuBLAS). ``split_k`` > 1 splits K across programs and reduces with fp32 atomics.
+    ``nibble`` (tiled): multiply each nibble position of the packed words by the matching
+    slice of x (read as int32 pairs for 16-bit x) with codes as 16-bit floats by the
+    magic-number trick, instead of unpacking to K order. ``swap`` (tiled, nibble): compute
+    the transposed tile so the codes are the tensor cores' register operand.
     """
 
     strategy: str
@@ -38,6 +39,7 @@ class Int4GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     nibble: bool = False
+    swap: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

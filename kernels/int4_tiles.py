@@ -37,23 +37,24 @@ def _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K):
 
 
 @triton.jit
-def _nibble_dot(q, x_row, offs_w, k_end, EVEN_K):
-    """sum_k x_k q_k per row of the words q [R, W] (k = 8w + j), and sum_k x_k, in fp32.
+def _nibble_dot(q, x_row, words, x_mask, EVEN_K):
+    """sum_k x_k q_k over each sub-group of the words q [R, S, W] (k = 8w + j for the word
+    indices ``words`` [S, W]) -> [R, S], and sum_k x_k per sub-group -> [S], in fp32.
 
-    No unpacking to K order: nibble j of every word meets x[8w + j] (a strided load of x).
-    Codes become floats by the magic-number trick: OR the nibble, left in place at bit 4i of
-    its 16-bit half, into the mantissa of 2^23 and subtract 2^23 (exact: n * 16^i); the
-    16^-i goes into x. No integer-to-float conversions, no shuffles.
+    No unpacking to K order: nibble j of every word meets x[8w + j] (a strided load of x,
+    which stays in L1). Codes become floats by the magic-number trick: OR the nibble, left in
+    place at bit 4i of its 16-bit half, into the mantissa of 2^23 and subtract 2^23 (exact:
+    n * 16^i); the 16^-i goes into x. Three instructions per weight, no conversions.
     """
     hi = q >> 16
     part = tl.zeros(q.shape, dtype=tl.float32)
-    x_sum = tl.zeros([q.shape[1]], dtype=tl.float32)
+    x_sum = tl.zeros([q.shape[1], q.shape[2]], dtype=tl.float32)
     for j in tl.static_range(8):
-        offs_k = offs_w * 8 + j
+        offs_k = words * 8 + j
         if EVEN_K:
             xj = tl.load(x_row + offs_k).to(tl.float32)
         else:
-            xj = tl.load(x_row + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+            xj = tl.load(x_row + offs_k, mask=x_mask, other=0.0).to(tl.float32)
         x_sum += xj
         if j < 4:
             src = q
@@ -62,43 +63,92 @@ def _nibble_dot(q, x_row, offs_w, k_end, EVEN_K):
         bits = (src & (0xF << (4 * (j % 4)))) | 0x4B000000
         f = bits.to(tl.float32, bitcast=True) - 8388608.0
         if j % 4 == 0:
-            part += f * xj[None, :]
+            part += f * xj[None, :, :]
         elif j % 4 == 1:
-            part += f * (xj * 0.0625)[None, :]
+            part += f * (xj * 0.0625)[None, :, :]
         elif j % 4 == 2:
-            part += f * (xj * 0.00390625)[None, :]
+            part += f * (xj * 0.00390625)[None, :, :]
         else:
-            part += f * (xj * 0.000244140625)[None, :]
-    return tl.sum(part, axis=1), tl.sum(x_sum, axis=0)
+            part += f * (xj * 0.000244140625)[None, :, :]
+    return tl.sum(part, axis=2), tl.sum(x_sum, axis=1)
 
 
 @triton.jit
-def _nibble_mma(q, x_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, EVEN_MK):
-    """part [BM, BN] += x[:, 8w + j] @ codes_j^T over the 8 nibbles j of the words q [BN, W].
+def _as_16bit(v, IS_BF16: tl.constexpr):
+    """The low 16 bits of the int32 tensor v as bf16 or fp16 values."""
+    if IS_BF16:
+        return v.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(tl.int16).to(tl.float16, bitcast=True)
 
-    fp16/bf16: code n becomes the 16-bit float MAGIC | n (1024 + n in fp16, 128 + n in
-    bf16; no int-to-float conversion); the caller subtracts bias * sum_k x_k afterwards.
-    fp32: exact conversion of n (IEEE dot).
+
+@triton.jit
+def _nibble_codes(q, hi, j: tl.constexpr):
+    """Nibble j (codes 0..15) of the words q [R, W]; hi = q >> 16."""
+    if j < 4:
+        src = q
+    else:
+        src = hi
+    return (src >> (4 * (j % 4))) & 0xF
+
+
+@triton.jit
+def _nibble_plane(q, hi, j: tl.constexpr, MAGIC: tl.constexpr, IS_BF16: tl.constexpr):
+    """Nibble j of the words q [R, W] as the 16-bit float MAGIC | n (bias + n, exact)."""
+    return _as_16bit(_nibble_codes(q, hi, j) | MAGIC, IS_BF16)
+
+
+@triton.jit
+def _plane_dot(c, xj, part, SWAP: tl.constexpr):
+    """part += xj [BM, W] @ c [BN, W]^T, or its transpose [BN, BM] when SWAP (the codes are
+    then the register operand A of the tensor-core product)."""
+    if SWAP:
+        return tl.dot(c, tl.trans(xj), acc=part)
+    else:
+        return tl.dot(xj, tl.trans(c), acc=part)
+
+
+@triton.jit
+def _nibble_mma(
+    q, x_ptrs, x32_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, IS_BF16, SWAP, EVEN_MK
+):
+    """part += x[:, 8w + j] @ codes_j^T over the 8 nibbles j of the words q [BN, W]
+    (transposed, [BN, BM], when SWAP); x_sum [BM] += sum_k x_k.
+
+    fp16/bf16 (MAGIC != 0): x is read as int32 pairs (x[8w + 2i], x[8w + 2i + 1]) through
+    ``x32_ptrs`` [BM, 1] (4-byte loads the pipeliner can issue asynchronously), split into
+    two 16-bit halves; code n becomes the 16-bit float MAGIC | n (1024 + n in fp16, 128 + n
+    in bf16; no int-to-float conversion); the caller subtracts bias * sum_k x_k afterwards.
+    fp32 (MAGIC == 0): strided loads of x and an exact conversion of n (IEEE dot).
     """
     hi = q >> 16
-    for j in tl.static_range(8):
-        offs_k = offs_w * 8 + j
-        if EVEN_MK:
-            xj = tl.load(x_ptrs + offs_k[None, :])
-        else:
-            mask = m_mask[:, None] & (offs_k[None, :] < k_end)
-            xj = tl.load(x_ptrs + offs_k[None, :], mask=mask, other=0.0)
-        x_sum += tl.sum(xj.to(tl.float32), axis=1)
-        if j < 4:
-            src = q
-        else:
-            src = hi
-        if MAGIC == 0:
-            c = ((src >> (4 * (j % 4))) & 0xF).to(tl.float32)
-            part = tl.dot(xj, tl.trans(c), acc=part, input_precision="ieee")
-        else:
-            c = (((src >> (4 * (j % 4))) & 0xF) | MAGIC).to(tl.int16).to(xj.dtype, bitcast=True)
-            part = tl.dot(xj, tl.trans(c), acc=part)
+    if MAGIC == 0:
+        for j in tl.static_range(8):
+            offs_k = offs_w * 8 + j
+            if EVEN_MK:
+                xj = tl.load(x_ptrs + offs_k[None, :])
+            else:
+                mask = m_mask[:, None] & (offs_k[None, :] < k_end)
+                xj = tl.load(x_ptrs + offs_k[None, :], mask=mask, other=0.0)
+            x_sum += tl.sum(xj, axis=1)
+            c = _nibble_codes(q, hi, j).to(tl.float32)
+            if SWAP:
+                part = tl.dot(c, tl.trans(xj), acc=part, input_precision="ieee")
+            else:
+                part = tl.dot(xj, tl.trans(c), acc=part, input_precision="ieee")
+    else:
+        for i in tl.static_range(4):
+            offs_p = offs_w * 4 + i
+            if EVEN_MK:
+                v = tl.load(x32_ptrs + offs_p[None, :])
+            else:
+                mask = m_mask[:, None] & (offs_p[None, :] < k_end // 2)
+                v = tl.load(x32_ptrs + offs_p[None, :], mask=mask, other=0)
+            x_lo = _as_16bit(v, IS_BF16)
+            x_hi = _as_16bit(v >> 16, IS_BF16)
+            x_sum += tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+            part = _plane_dot(_nibble_plane(q, hi, 2 * i, MAGIC, IS_BF16), x_lo, part, SWAP)
+            part = _plane_dot(_nibble_plane(q, hi, 2 * i + 1, MAGIC, IS_BF16), x_hi, part, SWAP)
     return part, x_sum
 
 
