@@ -1,4 +1,9 @@
-"""The per-layer operations, bound once per device: Triton kernels on CUDA, references on CPU."""
+"""The per-layer operations, bound once per device: Triton kernels on CUDA, references on CPU.
+
+On CPU the references are used as they are, except paged attention, whose decode rows go to
+a C++ kernel that reads the cache blocks in place (``kernels.cpu_attention``; it falls back to
+the reference itself where it cannot be built).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu_attention import paged_attention_cpu
 from kernels.paged_attention import paged_attention_ref
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
@@ -36,6 +42,16 @@ REFERENCE_OPS = Ops(
 )
 
 
+CPU_OPS = Ops(
+    name="cpu",
+    paged_attention=paged_attention_cpu,
+    reshape_and_cache=reshape_and_cache_ref,
+    rms_norm=rms_norm_ref,
+    rotary_embedding=rotary_embedding_ref,
+    silu_and_mul=silu_and_mul_ref,
+)
+
+
 def triton_ops() -> Ops:
     """The Triton kernels (imported only when asked for, so CPU-only installs never compile)."""
     from kernels.paged_attention import paged_attention
@@ -55,5 +71,5 @@ def triton_ops() -> Ops:
 
 
 def ops_for_device(device: torch.device) -> Ops:
-    """Triton on CUDA, the PyTorch references elsewhere."""
-    return triton_ops() if device.type == "cuda" else REFERENCE_OPS
+    """Triton on CUDA, the CPU ops elsewhere."""
+    return triton_ops() if device.type == "cuda" else CPU_OPS
