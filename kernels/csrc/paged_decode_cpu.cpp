@@ -40,6 +40,25 @@ inline void store(bf16* p, int64_t i, float v) {
     p[i] = static_cast<bf16>(bits >> 16);
 }
 
+// exp(x) for x <= 0 (scores minus their maximum), as 2^(x log2 e): the integer part goes to
+// the exponent bits, the fraction through a degree-5 least-squares fit of 2^f on [0, 1)
+// (relative error below 1e-7, about fp32 rounding). Unlike std::exp it vectorizes.
+inline float exp_nonpositive(float x) {
+    const float t = std::max(x, -87.0f) * 1.4426950408889634f;  // stays a normal float
+    const float whole = std::floor(t);
+    const float f = t - whole;
+    float p = 0.0018762329f;
+    p = p * f + 0.0089925840f;
+    p = p * f + 0.0558236045f;
+    p = p * f + 0.2401545299f;
+    p = p * f + 0.6931529682f;
+    p = p * f + 0.9999999269f;
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(whole) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
 // Prefetch the first cache lines of block ``block`` so that the jump to the next (randomly
 // placed) block does not stall; within a block, reads are sequential.
 template <typename T>
@@ -98,8 +117,9 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
                 float* sh = scores.data() + static_cast<size_t>(h) * n;
                 const float mx = *std::max_element(sh, sh + n);
                 float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
                 for (int j = 0; j < n; ++j) {
-                    sh[j] = std::exp(sh[j] - mx);
+                    sh[j] = exp_nonpositive(sh[j] - mx);
                     sum += sh[j];
                 }
                 const float inv = 1.f / sum;
