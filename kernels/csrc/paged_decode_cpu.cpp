@@ -4,10 +4,9 @@
 // position (two passes: scores, then the softmax-weighted sum of V), walking the block table so
 // that each token's K and V rows (all KV heads, contiguous) are read once per step from their
 // blocks, sequentially within a block, with no gathered copy. Sequences are spread over
-// OpenMP threads. Layouts follow DESIGN.md:
-// query/out [num_tokens, num_heads, head_dim] (query rows may be strided), caches [num_blocks, block_size, num_kv_heads,
-// head_dim], block_tables [num_seqs, table_stride] int32. Storage is fp32 or bf16; all
-// arithmetic is fp32.
+// OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads, head_dim] (query
+// rows may be strided), caches [num_blocks, block_size, num_kv_heads, head_dim], block_tables
+// [num_seqs, table_stride] int32. Storage is fp32 or bf16; all arithmetic is fp32.
 #include <omp.h>
 
 #include <algorithm>
@@ -67,6 +66,7 @@ inline void prefetch_block(const T* cache, int64_t block, int64_t block_stride) 
     for (int line = 0; line < 32; ++line) __builtin_prefetch(p + 64 * line);  // 2 KB
 }
 
+// HD: head_dim fixed at compile time (64, 128) so the inner loops unroll; 0: read at run time.
 template <typename T, int HD>
 void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
             const int32_t* seq_index, const int32_t* query_start_loc, const int32_t* seq_lens,
@@ -88,11 +88,12 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
             const int start = sliding_window > 0 ? std::max(0, len - sliding_window) : 0;
             const int n = len - start;
             const int64_t token = query_start_loc[s];
-            if (n <= 0) {  // nothing to attend to (never for a real decode row): zeros, as SDPA
+            if (n <= 0) {  // nothing to attend to (never for a real decode row): zeros
                 for (int i = 0; i < q_width; ++i) store(out, token * q_width + i, 0.f);
                 continue;
             }
             const int32_t* table = block_tables + s * table_stride;
+            const int num_blocks = (len + block_size - 1) / block_size;
             for (int i = 0; i < q_width; ++i)
                 q[i] = load(query, token * query_row_stride + i) * scale;
             scores.resize(static_cast<size_t>(num_heads) * n);
@@ -100,15 +101,17 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
             // Pass 1: scores[h, t] = q_h . k_t, reading each token's K row (all KV heads,
             // contiguous) once.
             for (int t = start; t < len; ++t) {
-                if (t % block_size == 0 && t / block_size + 1 < (len + block_size - 1) / block_size)
+                if (t % block_size == 0 && t / block_size + 1 < num_blocks)
                     prefetch_block(key_cache, table[t / block_size + 1], block_stride);
-                const int64_t off = table[t / block_size] * block_stride + (t % block_size) * token_stride;
+                const int64_t off =
+                    table[t / block_size] * block_stride + (t % block_size) * token_stride;
                 for (int h = 0; h < num_heads; ++h) {
                     const float* qh = q.data() + h * head_dim;
                     const int64_t k0 = off + static_cast<int64_t>(h / group) * head_dim;
                     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i) dot += qh[i] * load(key_cache, k0 + i);
+                    for (int i = 0; i < (HD ? HD : head_dim); ++i)
+                        dot += qh[i] * load(key_cache, k0 + i);
                     scores[static_cast<size_t>(h) * n + (t - start)] = dot;
                 }
             }
@@ -128,15 +131,17 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
             // Pass 2: out_h = sum_t p[h, t] v_t, reading each token's V row once.
             std::fill(acc.begin(), acc.end(), 0.f);
             for (int t = start; t < len; ++t) {
-                if (t % block_size == 0 && t / block_size + 1 < (len + block_size - 1) / block_size)
+                if (t % block_size == 0 && t / block_size + 1 < num_blocks)
                     prefetch_block(value_cache, table[t / block_size + 1], block_stride);
-                const int64_t off = table[t / block_size] * block_stride + (t % block_size) * token_stride;
+                const int64_t off =
+                    table[t / block_size] * block_stride + (t % block_size) * token_stride;
                 for (int h = 0; h < num_heads; ++h) {
                     const float w = scores[static_cast<size_t>(h) * n + (t - start)];
                     float* ah = acc.data() + h * head_dim;
                     const int64_t v0 = off + static_cast<int64_t>(h / group) * head_dim;
 #pragma omp simd
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i) ah[i] += w * load(value_cache, v0 + i);
+                    for (int i = 0; i < (HD ? HD : head_dim); ++i)
+                        ah[i] += w * load(value_cache, v0 + i);
                 }
             }
             const int64_t out0 = token * q_width;
@@ -163,18 +168,18 @@ extern "C" {
 
 int tidal_abi_version() { return 1; }
 
-#define TIDAL_DECODE_ENTRY(NAME, T)                                                          \
-    void NAME(const void* query, const void* key_cache, const void* value_cache, void* out,  \
-              const int32_t* seq_index, const int32_t* query_start_loc,                      \
-              const int32_t* seq_lens, const int32_t* block_tables, int64_t table_stride,     \
-              int64_t query_row_stride, int num_decode, int num_heads, int num_kv_heads, int head_dim, int block_size,  \
-              float scale, int sliding_window, int num_threads) {                             \
-        decode_dispatch<T>(static_cast<const T*>(query), static_cast<const T*>(key_cache),            \
-                  static_cast<const T*>(value_cache), static_cast<T*>(out), seq_index,       \
-                  query_start_loc, seq_lens, block_tables, table_stride, query_row_stride,    \
-                  num_decode,                                                                 \
-                  num_heads, num_kv_heads, head_dim, block_size, scale, sliding_window,       \
-                  num_threads);                                                               \
+#define TIDAL_DECODE_ENTRY(NAME, T)                                                         \
+    void NAME(const void* query, const void* key_cache, const void* value_cache, void* out, \
+              const int32_t* seq_index, const int32_t* query_start_loc,                     \
+              const int32_t* seq_lens, const int32_t* block_tables, int64_t table_stride,    \
+              int64_t query_row_stride, int num_decode, int num_heads, int num_kv_heads,     \
+              int head_dim, int block_size, float scale, int sliding_window,                 \
+              int num_threads) {                                                             \
+        decode_dispatch<T>(static_cast<const T*>(query), static_cast<const T*>(key_cache),  \
+                           static_cast<const T*>(value_cache), static_cast<T*>(out),         \
+                           seq_index, query_start_loc, seq_lens, block_tables, table_stride, \
+                           query_row_stride, num_decode, num_heads, num_kv_heads, head_dim,  \
+                           block_size, scale, sliding_window, num_threads);                  \
     }
 
 TIDAL_DECODE_ENTRY(tidal_paged_decode_f32, float)
