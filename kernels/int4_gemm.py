@@ -29,7 +29,14 @@ import triton
 import triton.language as tl
 
 from kernels.int4_gemm_config import Int4GemmConfig, choose_config
-from kernels.int4_tiles import _epilogue, _load_words, _nibble_dot, _nibble_mma, _unpack
+from kernels.int4_tiles import (
+    _epilogue,
+    _load_words,
+    _nibble_dot,
+    _nibble_mma,
+    _unpack,
+    _x_planes,
+)
 from kernels.int4_weight import Int4Weight
 
 __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
@@ -38,6 +45,7 @@ __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequan
 @triton.jit
 def _int4_gemv_kernel(
     x_ptr,
+    x32_ptr,
     qw_ptr,
     s_ptr,
     o_ptr,
@@ -50,6 +58,7 @@ def _int4_gemv_kernel(
     subs_per_split,
     num_splits,
     stride_x_m,
+    stride_x32_m,
     stride_qw_n,
     stride_s_g,
     stride_out_m,
@@ -58,6 +67,8 @@ def _int4_gemv_kernel(
     NUM_SUB: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     MODE: tl.constexpr,
+    X16: tl.constexpr,
+    IS_BF16: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
@@ -75,6 +86,7 @@ def _int4_gemv_kernel(
     sub_end = tl.minimum(sub_start + subs_per_split, num_subs)
     acc = tl.zeros([BLOCK_N, NUM_SUB], dtype=tl.float32)
     x_row = x_ptr + m * stride_x_m
+    x32_row = x32_ptr + m * stride_x32_m
     offs_w = tl.arange(0, SUB_W)
     for sub0 in tl.range(sub_start, sub_end, NUM_SUB, num_stages=NUM_STAGES):
         subs = sub0 + tl.arange(0, NUM_SUB)
@@ -86,7 +98,10 @@ def _int4_gemv_kernel(
             q = tl.load(ptrs)
         else:
             q = tl.load(ptrs, mask=n_mask[:, None, None] & x_mask[None, :, :], other=0)
-        qx, x_sum = _nibble_dot(q, x_row, words, x_mask, EVEN_K)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_planes(
+            x_row, x32_row, words, x_mask, X16, IS_BF16, EVEN_K
+        )
+        qx, x_sum = _nibble_dot(q, x0, x1, x2, x3, x4, x5, x6, x7)
         g = subs * (8 * SUB_W) // group_size
         s_ptrs = g[None, :] * stride_s_g + offs_n[:, None]
         if EVEN_N and EVEN_K:
@@ -140,14 +155,12 @@ def _int4_gemm_kernel(
     MAGIC: tl.constexpr,
     BIAS: tl.constexpr,
     IS_BF16: tl.constexpr,
-    SWAP: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
     EVEN_M: tl.constexpr,
 ):
     # Tiles of x [BLOCK_M, BLOCK_K] times raw codes [BLOCK_K, BLOCK_N] on the tensor cores;
     # scale and offset are applied to the partial product of each tile (one group per tile).
-    # SWAP (nibble kernel only) computes the transposed tile, codes as the A operand.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -162,10 +175,7 @@ def _int4_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    if SWAP:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
@@ -187,14 +197,10 @@ def _int4_gemm_kernel(
                 x_sum,
                 MAGIC,
                 IS_BF16,
-                SWAP,
                 EVEN_M and EVEN_K,
             )
             if MAGIC != 0:
-                if SWAP:
-                    part -= BIAS * x_sum[None, :]  # the codes were bias + n
-                else:
-                    part -= BIAS * x_sum[:, None]
+                part -= BIAS * x_sum[:, None]  # the codes were bias + n
         else:
             offs_k = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(
@@ -215,19 +221,18 @@ def _int4_gemm_kernel(
         else:
             s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        if SWAP:
-            acc += part * s[:, None] + o[:, None] * x_sum[None, :]
-        else:
-            acc += part * s[None, :] + x_sum[:, None] * o[None, :]
-    if SWAP:
-        mask = n_mask[:, None] & m_mask[None, :]
-        out_off = offs_m[None, :] * stride_out_m + offs_n[:, None]
-        ws_off = offs_m[None, :] * N + offs_n[:, None]
-    else:
-        mask = m_mask[:, None] & n_mask[None, :]
-        out_off = offs_m[:, None] * stride_out_m + offs_n[None, :]
-        ws_off = offs_m[:, None] * N + offs_n[None, :]
-    _epilogue(acc, out_ptr + out_off, ws_ptr + ws_off, mask, lock_ptr, pid, num_splits, MODE)
+        acc += part * s[None, :] + x_sum[:, None] * o[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    _epilogue(
+        acc,
+        out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :],
+        ws_ptr + offs_m[:, None] * N + offs_n[None, :],
+        mask,
+        lock_ptr,
+        pid,
+        num_splits,
+        MODE,
+    )
 
 
 @triton.jit
@@ -465,6 +470,16 @@ def _split_k_output(x: torch.Tensor, m: int, n: int, num_splits: int, num_tiles:
     return 2, torch.empty((m, n), dtype=x.dtype, device=x.device), *found
 
 
+def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, x viewed as int32 pairs along K) for 16-bit x (rows made even-strided), else
+    (x, x): the nibble kernels read 16-bit activations two at a time."""
+    if x.dtype not in _MAGIC:
+        return x, x
+    if x.stride(0) % 2:
+        x = x.contiguous()
+    return x, x.view(torch.int32)
+
+
 def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     if cfg.strategy == "gemv":
         return _launch_gemv(x, weight, cfg)
@@ -485,8 +500,10 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     num_splits = triton.cdiv(num_subs, subs_per_split)
     num_pid_n = triton.cdiv(n, cfg.block_n)
     mode, out, ws, locks = _split_k_output(x, m, n, num_splits, m * num_pid_n)
+    x, x32 = _with_pairs(x)
     _int4_gemv_kernel[(num_pid_n, num_splits, m)](
         x,
+        x32,
         weight.qweight,
         weight.scales,
         weight.offsets,
@@ -499,6 +516,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         subs_per_split,
         num_splits,
         x.stride(0),
+        x32.stride(0),
         weight.qweight.stride(0),
         weight.scales.stride(0),
         out.stride(0),
@@ -507,6 +525,8 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         NUM_SUB=num_sub,
         NUM_STAGES=cfg.num_stages,
         MODE=mode,
+        X16=x.dtype in _MAGIC,
+        IS_BF16=x.dtype == torch.bfloat16,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=num_subs % subs_per_split == 0,
         num_warps=cfg.num_warps,
@@ -524,10 +544,7 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
     nibble = cfg.nibble and block_k >= 128  # tl.dot needs K >= 16 words
-    sixteen_bit = x.dtype in _MAGIC
-    if nibble and sixteen_bit and x.stride(0) % 2:
-        x = x.contiguous()
-    x32 = x.view(torch.int32) if nibble and sixteen_bit else x  # pairs of x along K
+    x, x32 = _with_pairs(x)
     _int4_gemm_kernel[(num_tiles, num_splits)](
         x,
         x32,
@@ -558,7 +575,6 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
         MAGIC=_MAGIC.get(x.dtype, 0),
         BIAS=_BIAS.get(x.dtype, 0.0),
         IS_BF16=x.dtype == torch.bfloat16,
-        SWAP=nibble and cfg.swap,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=k % block_k == 0,
         EVEN_M=m % cfg.block_m == 0,

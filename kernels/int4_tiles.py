@@ -37,39 +37,88 @@ def _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K):
 
 
 @triton.jit
-def _nibble_dot(q, x_row, words, x_mask, EVEN_K):
-    """sum_k x_k q_k over each sub-group of the words q [R, S, W] (k = 8w + j for the word
-    indices ``words`` [S, W]) -> [R, S], and sum_k x_k per sub-group -> [S], in fp32.
+def _pair_to_f32(v, IS_BF16: tl.constexpr):
+    """int32 pairs of 16-bit floats -> (low, high) halves as fp32 (bf16: a bit shift)."""
+    if IS_BF16:
+        lo = (v << 16).to(tl.float32, bitcast=True)
+        hi = (v & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = v.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (v >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
 
-    No unpacking to K order: nibble j of every word meets x[8w + j] (a strided load of x,
-    which stays in L1). Codes become floats by the magic-number trick: OR the nibble, left in
-    place at bit 4i of its 16-bit half, into the mantissa of 2^23 and subtract 2^23 (exact:
-    n * 16^i); the 16^-i goes into x. Three instructions per weight, no conversions.
+
+@triton.jit
+def _x_planes(x_row, x32_row, words, x_mask, X16: tl.constexpr, IS_BF16: tl.constexpr, EVEN_K):
+    """x[8w + j] for j = 0..7 over the word indices ``words`` [S, W], as eight fp32 [S, W].
+
+    16-bit x (X16) is read as the four int32 pairs of each word, one 16-byte load per word
+    and thread, and split in registers; fp32 x by eight strided loads.
+    """
+    if X16:
+        offs = words[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+        if EVEN_K:
+            pairs = tl.load(x32_row + offs)
+        else:
+            pairs = tl.load(x32_row + offs, mask=x_mask[:, :, None], other=0)
+        a, b = tl.split(tl.reshape(pairs, [words.shape[0], words.shape[1], 2, 2]))
+        p0, p2 = tl.split(a)
+        p1, p3 = tl.split(b)
+        x0, x1 = _pair_to_f32(p0, IS_BF16)
+        x2, x3 = _pair_to_f32(p1, IS_BF16)
+        x4, x5 = _pair_to_f32(p2, IS_BF16)
+        x6, x7 = _pair_to_f32(p3, IS_BF16)
+    else:
+        offs = words * 8
+        if EVEN_K:
+            x0 = tl.load(x_row + offs)
+            x1 = tl.load(x_row + offs + 1)
+            x2 = tl.load(x_row + offs + 2)
+            x3 = tl.load(x_row + offs + 3)
+            x4 = tl.load(x_row + offs + 4)
+            x5 = tl.load(x_row + offs + 5)
+            x6 = tl.load(x_row + offs + 6)
+            x7 = tl.load(x_row + offs + 7)
+        else:
+            x0 = tl.load(x_row + offs, mask=x_mask, other=0.0)
+            x1 = tl.load(x_row + offs + 1, mask=x_mask, other=0.0)
+            x2 = tl.load(x_row + offs + 2, mask=x_mask, other=0.0)
+            x3 = tl.load(x_row + offs + 3, mask=x_mask, other=0.0)
+            x4 = tl.load(x_row + offs + 4, mask=x_mask, other=0.0)
+            x5 = tl.load(x_row + offs + 5, mask=x_mask, other=0.0)
+            x6 = tl.load(x_row + offs + 6, mask=x_mask, other=0.0)
+            x7 = tl.load(x_row + offs + 7, mask=x_mask, other=0.0)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _nibble_fma(part, src, i: tl.constexpr, xj):
+    """part [R, S, W] += (nibble i of src's 16-bit halves) * xj [S, W], by the magic-number
+    trick: OR the nibble, left in place at bit 4i, into the mantissa of 2^23 and subtract
+    2^23 (exact: n * 16^i); the 16^-i goes into x (shared by all R rows)."""
+    f = ((src & (0xF << (4 * i))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return part + f * (xj * (1.0 / (16**i)))[None, :, :]
+
+
+@triton.jit
+def _nibble_dot(q, x0, x1, x2, x3, x4, x5, x6, x7):
+    """sum_k x_k q_k over each sub-group of the words q [R, S, W] (k = 8w + j; xj [S, W] from
+    ``_x_planes``) -> [R, S], and sum_k x_k per sub-group -> [S], in fp32.
+
+    No unpacking to K order: nibble j of every word meets x[8w + j]; three instructions per
+    weight (AND-OR, subtract, FMA), no integer-to-float conversions.
     """
     hi = q >> 16
     part = tl.zeros(q.shape, dtype=tl.float32)
-    x_sum = tl.zeros([q.shape[1], q.shape[2]], dtype=tl.float32)
-    for j in tl.static_range(8):
-        offs_k = words * 8 + j
-        if EVEN_K:
-            xj = tl.load(x_row + offs_k).to(tl.float32)
-        else:
-            xj = tl.load(x_row + offs_k, mask=x_mask, other=0.0).to(tl.float32)
-        x_sum += xj
-        if j < 4:
-            src = q
-        else:
-            src = hi
-        bits = (src & (0xF << (4 * (j % 4)))) | 0x4B000000
-        f = bits.to(tl.float32, bitcast=True) - 8388608.0
-        if j % 4 == 0:
-            part += f * xj[None, :, :]
-        elif j % 4 == 1:
-            part += f * (xj * 0.0625)[None, :, :]
-        elif j % 4 == 2:
-            part += f * (xj * 0.00390625)[None, :, :]
-        else:
-            part += f * (xj * 0.000244140625)[None, :, :]
+    part = _nibble_fma(part, q, 0, x0)
+    part = _nibble_fma(part, q, 1, x1)
+    part = _nibble_fma(part, q, 2, x2)
+    part = _nibble_fma(part, q, 3, x3)
+    part = _nibble_fma(part, hi, 0, x4)
+    part = _nibble_fma(part, hi, 1, x5)
+    part = _nibble_fma(part, hi, 2, x6)
+    part = _nibble_fma(part, hi, 3, x7)
+    x_sum = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
     return tl.sum(part, axis=2), tl.sum(x_sum, axis=1)
 
 
@@ -99,21 +148,9 @@ def _nibble_plane(q, hi, j: tl.constexpr, MAGIC: tl.constexpr, IS_BF16: tl.const
 
 
 @triton.jit
-def _plane_dot(c, xj, part, SWAP: tl.constexpr):
-    """part += xj [BM, W] @ c [BN, W]^T, or its transpose [BN, BM] when SWAP (the codes are
-    then the register operand A of the tensor-core product)."""
-    if SWAP:
-        return tl.dot(c, tl.trans(xj), acc=part)
-    else:
-        return tl.dot(xj, tl.trans(c), acc=part)
-
-
-@triton.jit
-def _nibble_mma(
-    q, x_ptrs, x32_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, IS_BF16, SWAP, EVEN_MK
-):
-    """part += x[:, 8w + j] @ codes_j^T over the 8 nibbles j of the words q [BN, W]
-    (transposed, [BN, BM], when SWAP); x_sum [BM] += sum_k x_k.
+def _nibble_mma(q, x_ptrs, x32_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, IS_BF16, EVEN_MK):
+    """part [BM, BN] += x[:, 8w + j] @ codes_j^T over the 8 nibbles j of the words q [BN, W];
+    x_sum [BM] += sum_k x_k.
 
     fp16/bf16 (MAGIC != 0): x is read as int32 pairs (x[8w + 2i], x[8w + 2i + 1]) through
     ``x32_ptrs`` [BM, 1] (4-byte loads the pipeliner can issue asynchronously), split into
@@ -132,10 +169,7 @@ def _nibble_mma(
                 xj = tl.load(x_ptrs + offs_k[None, :], mask=mask, other=0.0)
             x_sum += tl.sum(xj, axis=1)
             c = _nibble_codes(q, hi, j).to(tl.float32)
-            if SWAP:
-                part = tl.dot(c, tl.trans(xj), acc=part, input_precision="ieee")
-            else:
-                part = tl.dot(xj, tl.trans(c), acc=part, input_precision="ieee")
+            part = tl.dot(xj, tl.trans(c), acc=part, input_precision="ieee")
     else:
         for i in tl.static_range(4):
             offs_p = offs_w * 4 + i
@@ -147,8 +181,10 @@ def _nibble_mma(
             x_lo = _as_16bit(v, IS_BF16)
             x_hi = _as_16bit(v >> 16, IS_BF16)
             x_sum += tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
-            part = _plane_dot(_nibble_plane(q, hi, 2 * i, MAGIC, IS_BF16), x_lo, part, SWAP)
-            part = _plane_dot(_nibble_plane(q, hi, 2 * i + 1, MAGIC, IS_BF16), x_hi, part, SWAP)
+            c_lo = _nibble_plane(q, hi, 2 * i, MAGIC, IS_BF16)
+            c_hi = _nibble_plane(q, hi, 2 * i + 1, MAGIC, IS_BF16)
+            part = tl.dot(x_lo, tl.trans(c_lo), acc=part)
+            part = tl.dot(x_hi, tl.trans(c_hi), acc=part)
     return part, x_sum
 
 

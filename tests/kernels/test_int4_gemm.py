@@ -66,8 +66,8 @@ CONFIGS = [
     ("tiled-nibble", Int4GemmConfig("tiled", 16, 16, 128, split_k=2, nibble=True)),
     ("tiled-nibble-1", Int4GemmConfig("tiled", 32, 32, 128, split_k=1, nibble=True)),
     ("gemv-wide", Int4GemmConfig("gemv", block_n=16, block_k=256, split_k=2, num_stages=2)),
-    ("tiled-swap", Int4GemmConfig("tiled", 16, 16, 128, split_k=2, nibble=True, swap=True)),
     ("mm", Int4GemmConfig("mm", block_m=32, block_n=16, block_k=64)),
+    ("gemv-tall", Int4GemmConfig("gemv", block_n=4, block_k=1024, num_warps=4, num_stages=1)),
     ("mm-split", Int4GemmConfig("mm", block_m=16, block_n=32, block_k=32, split_k=3)),
 ]
 
@@ -85,8 +85,8 @@ ROWS = {
     "tiled-nibble": [1, 19],
     "tiled-nibble-1": [3],
     "gemv-wide": [1, 2],
-    "tiled-swap": [1, 19],
     "mm": [1, 37],
+    "gemv-tall": [1, 3],
     "mm-split": [2, 17],
 }
 
@@ -172,9 +172,9 @@ def test_cuda_graph_replay_bf16(m):
 # splits, groups of 128 and 32.
 GPU_CONFIGS = [
     Int4GemmConfig("gemv", block_n=32, block_k=512, split_k=4, num_warps=4, num_stages=2),
-    Int4GemmConfig("gemv", block_n=16, block_k=1024, split_k=1, num_warps=4, num_stages=1),
+    Int4GemmConfig("gemv", block_n=4, block_k=2048, split_k=1, num_warps=8, num_stages=1),
     Int4GemmConfig("tiled", 16, 128, 128, split_k=8, nibble=True),
-    Int4GemmConfig("tiled", 16, 128, 128, split_k=4, nibble=True, swap=True),
+    Int4GemmConfig("tiled", 16, 256, 128, split_k=4, nibble=True),
     Int4GemmConfig("tiled", 64, 64, 128, split_k=2, nibble=False),
     Int4GemmConfig("mm", 128, 128, 64, num_warps=8, num_stages=3),
     Int4GemmConfig("mm", 16, 128, 128, split_k=4, num_warps=4, num_stages=3),
@@ -183,7 +183,7 @@ GPU_CONFIGS = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [128, 32])
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: f"{c.strategy}-{c.block_m}-{c.swap}")
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: f"{c.strategy}{c.block_n}")
 def test_strategies_bf16(config, group_size):
     weight = random_weight(1000 + 37, 2048, group_size, seed=group_size)
     for m in (1, 5, 16, 64, 200):
