@@ -8,7 +8,7 @@ the reference itself where it cannot be built).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,14 +42,7 @@ REFERENCE_OPS = Ops(
 )
 
 
-CPU_OPS = Ops(
-    name="cpu",
-    paged_attention=paged_attention_cpu,
-    reshape_and_cache=reshape_and_cache_ref,
-    rms_norm=rms_norm_ref,
-    rotary_embedding=rotary_embedding_ref,
-    silu_and_mul=silu_and_mul_ref,
-)
+CPU_OPS = replace(REFERENCE_OPS, name="cpu", paged_attention=paged_attention_cpu)
 
 
 def triton_ops() -> Ops:
