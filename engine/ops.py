@@ -1,8 +1,8 @@
 """The per-layer operations, bound once per device: Triton kernels on CUDA, references on CPU.
 
-On CPU the references are used as they are, except paged attention, whose decode rows go to
-a C++ kernel that reads the cache blocks in place (``kernels.cpu_attention``; it falls back to
-the reference itself where it cannot be built).
+On CPU: C++ kernels for paged attention (decode rows read the cache blocks in place), rotary
+embeddings and the fused residual add + RMSNorm (``kernels.cpu_kernels``, each falling back
+to its reference where it cannot be built), the references for the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.cpu_attention import paged_attention_cpu
+from kernels.cpu_kernels import paged_attention_cpu, rms_norm_cpu, rotary_embedding_cpu
 from kernels.paged_attention import paged_attention_ref
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
@@ -42,7 +42,13 @@ REFERENCE_OPS = Ops(
 )
 
 
-CPU_OPS = replace(REFERENCE_OPS, name="cpu", paged_attention=paged_attention_cpu)
+CPU_OPS = replace(
+    REFERENCE_OPS,
+    name="cpu",
+    paged_attention=paged_attention_cpu,
+    rms_norm=rms_norm_cpu,
+    rotary_embedding=rotary_embedding_cpu,
+)
 
 
 def triton_ops() -> Ops:

@@ -1,6 +1,9 @@
-// Decode attention over the paged KV cache on the CPU, reading the cache blocks in place.
+// CPU kernels for the engine's layer ops, where PyTorch's composition costs more than the math:
+// decode attention over the paged KV cache (reading the cache blocks in place), rotary
+// embeddings in place, and the fused residual add + RMSNorm. Each matches its PyTorch
+// reference in kernels/<op>.py (same formula, fp32 arithmetic, the same roundings).
 //
-// One work item is a decode sequence: all its query heads are scored against every cached
+// Decode attention: one work item is a decode sequence: all its query heads are scored against every cached
 // position (two passes: scores, then the softmax-weighted sum of V), walking the block table so
 // that each token's K and V rows (all KV heads, contiguous) are read once per step from their
 // blocks, sequentially within a block, with no gathered copy. Sequences are spread over
@@ -162,11 +165,77 @@ void decode_dispatch(const T* query, const T* key_cache, const T* value_cache, T
       scale, sliding_window, num_threads);
 }
 
+
+// Rotary embedding in place (NeoX halves: channel i pairs with i + rotary_dim / 2), for the
+// query and key heads of each token; rows may be strided, heads contiguous within a row.
+template <typename T>
+void rotary(const int64_t* positions, T* query, T* key, const float* cos_sin, int num_tokens,
+            int num_heads, int num_kv_heads, int head_dim, int rotary_dim,
+            int64_t query_row_stride, int64_t key_row_stride, int num_threads) {
+    const int half = rotary_dim / 2;
+#pragma omp parallel for num_threads(num_threads) if (num_tokens >= 64)
+    for (int t = 0; t < num_tokens; ++t) {
+        const float* cos = cos_sin + positions[t] * rotary_dim;
+        const float* sin = cos + half;
+        for (int which = 0; which < 2; ++which) {
+            T* row = which == 0 ? query + t * query_row_stride : key + t * key_row_stride;
+            const int heads = which == 0 ? num_heads : num_kv_heads;
+            for (int h = 0; h < heads; ++h) {
+                T* x = row + static_cast<int64_t>(h) * head_dim;
+#pragma omp simd
+                for (int i = 0; i < half; ++i) {
+                    const float x1 = load(x, i), x2 = load(x, i + half);
+                    store(x, i, x1 * cos[i] - x2 * sin[i]);
+                    store(x, i + half, x2 * cos[i] + x1 * sin[i]);
+                }
+            }
+        }
+    }
+}
+
+// RMSNorm over rows of `hidden`, optionally after adding the residual stream:
+// h = x (+ residual); residual_out = h (in the storage type); out = norm(h) * weight. In fp32
+// storage that is one rounding; in bf16, as the reference, norm(h) is rounded before the
+// weight multiply and again after.
+template <typename T>
+void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* residual_out,
+              int num_tokens, int hidden, float eps, int num_threads) {
+    constexpr bool exact = sizeof(T) == sizeof(float);
+#pragma omp parallel num_threads(num_threads) if (num_tokens >= 64)
+    {
+        std::vector<float> h(hidden);
+#pragma omp for
+        for (int t = 0; t < num_tokens; ++t) {
+            const int64_t row = static_cast<int64_t>(t) * hidden;
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < hidden; ++i) {
+                float v = load(x, row + i);
+                if (residual) v += load(residual, row + i);
+                h[i] = v;
+                sum += v * v;
+            }
+            if (residual_out)
+                for (int i = 0; i < hidden; ++i) store(residual_out, row + i, h[i]);
+            const float r = 1.f / std::sqrt(sum / hidden + eps);
+            for (int i = 0; i < hidden; ++i) {
+                if (exact) {
+                    store(out, row + i, h[i] * r * load(weight, i));
+                } else {
+                    T normed[1];
+                    store(normed, 0, h[i] * r);
+                    store(out, row + i, load(normed, 0) * load(weight, i));
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
 
-int tidal_abi_version() { return 1; }
+int tidal_abi_version() { return 2; }
 
 #define TIDAL_DECODE_ENTRY(NAME, T)                                                         \
     void NAME(const void* query, const void* key_cache, const void* value_cache, void* out, \
@@ -184,5 +253,28 @@ int tidal_abi_version() { return 1; }
 
 TIDAL_DECODE_ENTRY(tidal_paged_decode_f32, float)
 TIDAL_DECODE_ENTRY(tidal_paged_decode_bf16, bf16)
+
+#define TIDAL_ROTARY_ENTRY(NAME, T)                                                          \
+    void NAME(const int64_t* positions, void* query, void* key, const float* cos_sin,       \
+              int num_tokens, int num_heads, int num_kv_heads, int head_dim, int rotary_dim, \
+              int64_t query_row_stride, int64_t key_row_stride, int num_threads) {           \
+        rotary<T>(positions, static_cast<T*>(query), static_cast<T*>(key), cos_sin,         \
+                  num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim,                \
+                  query_row_stride, key_row_stride, num_threads);                           \
+    }
+
+TIDAL_ROTARY_ENTRY(tidal_rotary_f32, float)
+TIDAL_ROTARY_ENTRY(tidal_rotary_bf16, bf16)
+
+#define TIDAL_RMS_NORM_ENTRY(NAME, T)                                                        \
+    void NAME(const void* x, const void* residual, const void* weight, void* out,           \
+              void* residual_out, int num_tokens, int hidden, float eps, int num_threads) {  \
+        rms_norm<T>(static_cast<const T*>(x), static_cast<const T*>(residual),              \
+                    static_cast<const T*>(weight), static_cast<T*>(out),                    \
+                    static_cast<T*>(residual_out), num_tokens, hidden, eps, num_threads);   \
+    }
+
+TIDAL_RMS_NORM_ENTRY(tidal_rms_norm_f32, float)
+TIDAL_RMS_NORM_ENTRY(tidal_rms_norm_bf16, bf16)
 
 }  // extern "C"

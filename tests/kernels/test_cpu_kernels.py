@@ -1,5 +1,6 @@
-"""The CPU paged attention (C++ decode rows, reference for the rest) against dense attention
-written from the definition, and its fallback when no C++ compiler is available."""
+"""The C++ CPU kernels: paged attention (C++ decode rows, reference for the rest) against dense
+attention written from the definition; rotary embeddings and RMSNorm against formulas written
+here; the build cache, and the fallback when no C++ compiler is available."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ import logging
 import pytest
 import torch
 
-from kernels import cpu_attention
-from kernels.cpu_attention import load_library, paged_attention_cpu, paged_decode_cpu
+from kernels import cpu_kernels
+from kernels.cpu_kernels import (
+    load_library,
+    paged_attention_cpu,
+    paged_decode_cpu,
+    rms_norm_cpu,
+    rotary_embedding_cpu,
+)
+from kernels.rms_norm import rms_norm_ref
+from kernels.rotary_embedding import rotary_embedding_ref
 from tests.kernels.test_paged_attention import (
     MIXED_SEQS,
     MIXED_SHARED,
@@ -104,16 +113,96 @@ def test_float16_goes_through_the_reference():
     check(batch, torch.float16, "float16")
 
 
+def cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """[max_position, rotary_dim] float32: cos of each position's angles, then sin."""
+    inv_freq = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def rotated(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """NeoX rotary from its definition, in float64: pairs (i, i + rotary_dim / 2) rotate."""
+    half = cache.shape[1] // 2
+    out = x.double().clone()
+    cos = cache.double()[positions][:, None, :half]
+    sin = cache.double()[positions][:, None, half:]
+    x1, x2 = x.double()[..., :half], x.double()[..., half : 2 * half]
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half : 2 * half] = x2 * cos + x1 * sin
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+@pytest.mark.parametrize("num_tokens", [1, 5, 130])
+def test_rotary_embedding(dtype, rotary_dim, num_tokens):
+    """q and k as strided views of a fused qkv output, rotated in place; v left alone."""
+    num_heads, num_kv_heads, head_dim = 9, 3, 64
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size).to(dtype)
+    before = qkv.clone()
+    q = qkv[:, :q_size].view(num_tokens, num_heads, head_dim)
+    k = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, 4096, (num_tokens,))
+    cache = cos_sin_cache(4096, rotary_dim)
+    rotary_embedding_cpu(positions, q, k, cache)
+    want_q = rotated(before[:, :q_size].view(num_tokens, num_heads, head_dim), positions, cache)
+    want_k = rotated(
+        before[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim),
+        positions, cache,
+    )  # fmt: skip
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(q.double(), want_q.to(dtype).double(), atol=tol, rtol=tol)
+    torch.testing.assert_close(k.double(), want_k.to(dtype).double(), atol=tol, rtol=tol)
+    assert torch.equal(qkv[:, q_size + kv_size :], before[:, q_size + kv_size :]), "v changed"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("num_tokens", [1, 3, 100])
+def test_rms_norm(dtype, with_residual, num_tokens):
+    """norm(x + residual) * weight from the definition, and the new residual stream."""
+    hidden, eps = 576, 1e-5
+    x = (torch.randn(num_tokens, hidden) * 3).to(dtype)
+    weight = (torch.rand(hidden) + 0.5).to(dtype)
+    residual = torch.randn(num_tokens, hidden).to(dtype) if with_residual else None
+    got = rms_norm_cpu(x, weight, eps, residual)
+    h = x.double() + (residual.double() if with_residual else 0)
+    want = h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    out = got[0] if with_residual else got
+    # bf16: the normalized value and the product are each rounded (as in the reference)
+    tol = {torch.float32: 2e-6, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+    if with_residual:
+        assert torch.equal(got[1], (x.float() + residual.float()).to(dtype)), "residual stream"
+
+
+def test_rms_norm_and_rotary_match_their_references():
+    """Agreement with the references to fp32 rounding (the engine may run either)."""
+    x, r, w = torch.randn(40, 576), torch.randn(40, 576), torch.rand(576) + 0.5
+    for a, b in zip(rms_norm_cpu(x, w, 1e-6, r), rms_norm_ref(x, w, 1e-6, r), strict=True):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-6)
+    q, k = torch.randn(40, 9, 64), torch.randn(40, 3, 64)
+    q2, k2 = q.clone(), k.clone()
+    positions, cache = torch.randint(0, 512, (40,)), cos_sin_cache(512, 64)
+    rotary_embedding_cpu(positions, q, k, cache)
+    rotary_embedding_ref(positions, q2, k2, cache)
+    torch.testing.assert_close(q, q2, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k, k2, atol=1e-6, rtol=1e-6)
+
+
 def test_without_a_compiler_falls_back_to_the_reference(tmp_path, monkeypatch, caplog):
     """No C++ compiler: one warning that says what to install, and the same results."""
     monkeypatch.setenv("TIDAL_KERNEL_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     load_library.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
+        with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
             assert load_library() is None
             batch = make_batch(MIXED_SEQS, 8, 2, 64, torch.float32)
             check(batch, torch.float32, "fallback")
+            x, w = torch.randn(4, 64), torch.rand(64)
+            torch.testing.assert_close(rms_norm_cpu(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
         assert "C++ compiler" in caplog.text and "no-such-compiler" in caplog.text
     finally:
         load_library.cache_clear()
@@ -125,7 +214,7 @@ def test_builds_into_the_kernel_cache(tmp_path, monkeypatch):
     load_library.cache_clear()
     try:
         assert load_library() is not None
-        built = sorted(tmp_path.glob("paged_decode_cpu-*.so"))
+        built = sorted(tmp_path.glob("cpu_kernels-*.so"))
         assert len(built) == 1, f"expected one library in {tmp_path}, found {built}"
         mtime = built[0].stat().st_mtime_ns
         load_library.cache_clear()

@@ -1,0 +1,282 @@
+"""C++ versions of the layer ops where, on a CPU, PyTorch's composition costs more than the math.
+
+Each ``*_cpu`` function has its reference's signature (``kernels/<op>.py``) and computes the
+same formula in fp32 (fp32 or bf16 storage):
+
+- ``paged_attention_cpu``: the reference copies every decode sequence's KV blocks out of the
+  paged cache before ``scaled_dot_product_attention``; that copy, written and read again each
+  layer of each step, costs more than the attention itself. Decode rows (one new token) go to
+  a kernel that walks the block table and reads each K/V row once; sequences with longer query
+  runs (prefill chunks), where the copy is amortized over many query rows, still go through
+  the reference.
+- ``rotary_embedding_cpu`` and ``rms_norm_cpu`` (with the residual add fused): one pass over
+  the rows instead of a dozen small tensor ops, which dominate at decode batch sizes.
+
+The kernels (``csrc/cpu_kernels.cpp``) are compiled on first use with the system C++ compiler
+(``$CXX``, else ``c++``) for this CPU (``-march=native``) and cached under
+``$TIDAL_KERNEL_CACHE`` (default ``~/.cache/tidal/kernels``), keyed by the source, the
+compiler and the CPU. Without a compiler the ops log one warning and fall back to the
+references, so results never depend on it; inputs they do not cover (other dtypes, other
+devices, layouts the kernels do not take) go to the references too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kernels.paged_attention import paged_attention_ref
+from kernels.rms_norm import rms_norm_ref
+from kernels.rotary_embedding import rotary_embedding_ref
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
+_ABI_VERSION = 2
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_ARGTYPES = {
+    "tidal_paged_decode": (
+        [ctypes.c_void_p] * 8  # query, key_cache, value_cache, out, seq_index, qsl, lens, tables
+        + [ctypes.c_int64] * 2  # table_stride, query_row_stride
+        + [ctypes.c_int] * 5  # num_decode, num_heads, num_kv_heads, head_dim, block_size
+        + [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, sliding_window, num_threads
+    ),
+    "tidal_rotary": (
+        [ctypes.c_void_p] * 4  # positions, query, key, cos_sin
+        + [ctypes.c_int] * 5  # num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim
+        + [ctypes.c_int64] * 2  # query_row_stride, key_row_stride
+        + [ctypes.c_int]  # num_threads
+    ),
+    "tidal_rms_norm": (
+        [ctypes.c_void_p] * 5  # x, residual, weight, out, residual_out
+        + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]  # tokens, hidden, eps, thr
+    ),
+}
+
+
+def kernel_cache_dir() -> Path:
+    """Where compiled CPU kernels are kept (``$TIDAL_KERNEL_CACHE`` or ``~/.cache/tidal``)."""
+    if env := os.environ.get("TIDAL_KERNEL_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tidal" / "kernels"
+
+
+def _cpu_identity() -> str:
+    """The CPU model and its feature flags: ``-march=native`` builds are only valid there."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({ln for ln in lines if ln.startswith(wanted)}))
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile the kernel to ``target`` atomically (parallel workers may build at once)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *_FLAGS, str(_SOURCE), "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def load_library() -> ctypes.CDLL | None:
+    """The compiled decode kernel, building it on first use; None (with a warning) if it can't."""
+    compiler = os.environ.get("CXX", "c++")
+    parts = [_SOURCE.read_bytes(), compiler, " ".join(_FLAGS), _cpu_identity()]
+    key = hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+    target = kernel_cache_dir() / f"cpu_kernels-{key}.so"
+    try:
+        if not target.exists():
+            _build(compiler, target)
+        lib = ctypes.CDLL(str(target))
+        if lib.tidal_abi_version() != _ABI_VERSION:
+            raise RuntimeError(f"{target} has ABI {lib.tidal_abi_version()}, want {_ABI_VERSION}")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning(
+            "tidal's C++ CPU kernels are unavailable (%s); using the PyTorch references, "
+            "which are slower. Install a C++ compiler with OpenMP (g++) to enable them.",
+            exc,
+        )
+        return None
+    for prefix, argtypes in _ARGTYPES.items():
+        for suffix in _SUFFIX.values():
+            fn = getattr(lib, f"{prefix}_{suffix}")
+            fn.argtypes = argtypes
+            fn.restype = None
+    return lib
+
+
+def _kernel(prefix: str, dtype: torch.dtype):
+    """The compiled ``prefix`` kernel for ``dtype``, or None (no library, or a dtype it lacks)."""
+    lib = load_library()
+    if lib is None or dtype not in _SUFFIX:
+        return None
+    return getattr(lib, f"{prefix}_{_SUFFIX[dtype]}")
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def paged_decode_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_index: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+) -> None:
+    """Attention of the sequences ``seq_index`` (one query row each) into ``out``, in C++.
+
+    Shapes as in ``paged_attention_ref``; ``out`` must be contiguous, ``query`` contiguous
+    within a row (rows may be strided, as the q slice of a fused qkv projection is).
+    """
+    if load_library() is None:
+        raise RuntimeError("tidal's C++ CPU kernels could not be built (see the log)")
+    num_heads, head_dim = query.shape[1:]
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if query.stride(2) != 1 or query.stride(1) != head_dim or not out.is_contiguous():
+        raise ValueError("query rows must be [num_heads, head_dim] contiguous and out contiguous")
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous")
+    dtype = query.dtype
+    if {key_cache.dtype, value_cache.dtype, out.dtype} != {dtype} or dtype not in _SUFFIX:
+        raise ValueError(
+            f"query, caches and out must share one dtype of {sorted(map(str, _SUFFIX))}, got "
+            f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}, {out.dtype}"
+        )
+    int32 = [t.to(torch.int32).contiguous() for t in (seq_index, query_start_loc, seq_lens)]
+    tables = block_tables.to(torch.int32).contiguous()
+    _kernel("tidal_paged_decode", dtype)(
+        _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(out),
+        *(_ptr(t) for t in int32), _ptr(tables),
+        tables.stride(0), query.stride(0),
+        seq_index.numel(), num_heads, num_kv_heads, head_dim, block_size,
+        scale, sliding_window or 0, torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``paged_attention_ref``'s contract; decode rows in C++, longer query runs by reference."""
+    args = (scale, max_query_len, max_seq_len, sliding_window)
+    if query.device.type != "cpu" or _kernel("tidal_paged_decode", query.dtype) is None:
+        return paged_attention_ref(
+            query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, *args, out=out
+        )
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    if max_query_len == 1:
+        decode = torch.arange(q_lens.numel(), dtype=torch.int32)
+        others = []
+    else:
+        decode = (q_lens == 1).nonzero().flatten()
+        others = (q_lens > 1).nonzero().flatten().tolist()
+    if decode.numel():
+        paged_decode_cpu(
+            query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, decode,
+            scale, sliding_window, out,
+        )  # fmt: skip
+    if others:
+        starts = query_start_loc.tolist()
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in others])
+        sub_starts = torch.zeros(len(others) + 1, dtype=torch.int32)
+        sub_starts[1:] = torch.cumsum(q_lens[others], 0)
+        out[rows] = paged_attention_ref(
+            query[rows], key_cache, value_cache, sub_starts, seq_lens[others],
+            block_tables[others], *args,
+        )  # fmt: skip
+    return out
+
+
+def rotary_embedding_cpu(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> None:
+    """``rotary_embedding_ref``'s contract (in place); one C++ pass over the tokens."""
+    fn = _kernel("tidal_rotary", query.dtype)
+    rows_ok = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (query, key))
+    if (
+        fn is None
+        or query.device.type != "cpu"
+        or key.dtype != query.dtype
+        or not rows_ok
+        or cos_sin_cache.dtype != torch.float32
+        or not cos_sin_cache.is_contiguous()
+    ):
+        rotary_embedding_ref(positions, query, key, cos_sin_cache)
+        return
+    num_tokens, num_heads, head_dim = query.shape
+    pos = positions.to(torch.int64).contiguous()
+    fn(
+        pos.data_ptr(), query.data_ptr(), key.data_ptr(), cos_sin_cache.data_ptr(),
+        num_tokens, num_heads, key.shape[1], head_dim, cos_sin_cache.shape[1],
+        query.stride(0), key.stride(0), torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def rms_norm_cpu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm_ref``'s contract; the residual add, the norm and the weight in one C++ pass."""
+    fn = _kernel("tidal_rms_norm", x.dtype)
+    same = weight.dtype == x.dtype and (residual is None or residual.dtype == x.dtype)
+    tensors = (x, weight) if residual is None else (x, weight, residual)
+    if (
+        fn is None
+        or x.device.type != "cpu"
+        or not same
+        or not all(t.is_contiguous() for t in tensors)
+        or (residual is not None and residual.shape != x.shape)
+    ):
+        return rms_norm_ref(x, weight, eps, residual)
+    hidden = x.shape[-1]
+    out = torch.empty_like(x)
+    new_residual = torch.empty_like(x) if residual is not None else None
+    fn(
+        x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), 0 if new_residual is None else new_residual.data_ptr(),
+        x.numel() // hidden, hidden, eps, torch.get_num_threads(),
+    )  # fmt: skip
+    return out if new_residual is None else (out, new_residual)
