@@ -16,8 +16,10 @@ tensor along its N dimension (``Int4Weight.cat_n``); slicing on group boundaries
 (tensor parallelism) is plain slicing (``narrow_n``, ``narrow_k``).
 
 Strategies, picked by ``choose_config`` from M and the shape: ``gemv`` (M = 1, reduction in
-registers, split-K), ``tiled`` (``tl.dot`` tiles, split-K for small M so every multiprocessor
-has work) and ``dequant`` (dequantize to the activation dtype, then cuBLAS) for large M.
+registers, split-K), ``mm`` (each weight tile dequantized in registers, one ``tl.dot`` chain,
+split-K for small M so every multiprocessor has work), ``tiled`` (``tl.dot`` on raw codes
+nibble plane by nibble plane, scale and offset per group tile) and ``dequant`` (dequantize
+to the activation dtype, then cuBLAS) for large M.
 Settings come from a fixed table per shape bucket, never autotuned at run time, so the
 launch is safe inside CUDA graph capture.
 """
