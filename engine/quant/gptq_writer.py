@@ -117,7 +117,7 @@ def write_gptq_checkpoint(
         "sym": sym,
         "checkpoint_format": "gptq",
         "damp_percent": damp_percent,
-        "true_sequential": False,
+        "true_sequential": True,  # what quantize_model does by default
         "static_groups": False,
         "tool": "tidal quantize",
     }
