@@ -3,11 +3,11 @@
 // embeddings in place, and the fused residual add + RMSNorm. Each matches its PyTorch
 // reference in kernels/<op>.py (same formula, fp32 arithmetic, the same roundings).
 //
-// Decode attention: one work item is a decode sequence: all its query heads are scored against every cached
-// position (two passes: scores, then the softmax-weighted sum of V), walking the block table so
-// that each token's K and V rows (all KV heads, contiguous) are read once per step from their
-// blocks, sequentially within a block, with no gathered copy. Sequences are spread over
-// OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads, head_dim] (query
+// Decode attention: one work item is a decode sequence; all its query heads are scored against
+// every cached position (two passes: scores, then the softmax-weighted sum of V), walking the
+// block table so that each token's K and V rows (all KV heads, contiguous) are read once per
+// step from their blocks, sequentially within a block, with no gathered copy. Sequences are
+// spread over OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads, head_dim] (query
 // rows may be strided), caches [num_blocks, block_size, num_kv_heads, head_dim], block_tables
 // [num_seqs, table_stride] int32. Storage is fp32 or bf16; all arithmetic is fp32.
 #include <omp.h>
@@ -61,6 +61,15 @@ inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+// A token's cache row as fp32: fp32 storage is used in place, bf16 is widened once into
+// ``buffer`` (instead of once per query head that reads it).
+inline const float* row_of(const float* row, float*, int64_t) { return row; }
+inline const float* row_of(const bf16* row, float* buffer, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) buffer[i] = load(row, i);
+    return buffer;
+}
+
 // Prefetch the first cache lines of block ``block`` so that the jump to the next (randomly
 // placed) block does not stall; within a block, reads are sequential.
 template <typename T>
@@ -83,7 +92,7 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
     const int q_width = num_heads * head_dim;
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> q(q_width), acc(q_width), scores;
+        std::vector<float> q(q_width), acc(q_width), row(token_stride), scores;
 #pragma omp for schedule(dynamic, 1)
         for (int d = 0; d < num_decode; ++d) {
             const int s = seq_index[d];
@@ -108,13 +117,13 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
                     prefetch_block(key_cache, table[t / block_size + 1], block_stride);
                 const int64_t off =
                     table[t / block_size] * block_stride + (t % block_size) * token_stride;
+                const float* krow = row_of(key_cache + off, row.data(), token_stride);
                 for (int h = 0; h < num_heads; ++h) {
                     const float* qh = q.data() + h * head_dim;
-                    const int64_t k0 = off + static_cast<int64_t>(h / group) * head_dim;
+                    const float* kh = krow + (h / group) * head_dim;
                     float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i)
-                        dot += qh[i] * load(key_cache, k0 + i);
+                    for (int i = 0; i < (HD ? HD : head_dim); ++i) dot += qh[i] * kh[i];
                     scores[static_cast<size_t>(h) * n + (t - start)] = dot;
                 }
             }
@@ -138,13 +147,13 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
                     prefetch_block(value_cache, table[t / block_size + 1], block_stride);
                 const int64_t off =
                     table[t / block_size] * block_stride + (t % block_size) * token_stride;
+                const float* vrow = row_of(value_cache + off, row.data(), token_stride);
                 for (int h = 0; h < num_heads; ++h) {
                     const float w = scores[static_cast<size_t>(h) * n + (t - start)];
                     float* ah = acc.data() + h * head_dim;
-                    const int64_t v0 = off + static_cast<int64_t>(h / group) * head_dim;
+                    const float* vh = vrow + (h / group) * head_dim;
 #pragma omp simd
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i)
-                        ah[i] += w * load(value_cache, v0 + i);
+                    for (int i = 0; i < (HD ? HD : head_dim); ++i) ah[i] += w * vh[i];
                 }
             }
             const int64_t out0 = token * q_width;
