@@ -7,9 +7,10 @@
 // every cached position (two passes: scores, then the softmax-weighted sum of V), walking the
 // block table so that each token's K and V rows (all KV heads, contiguous) are read once per
 // step from their blocks, sequentially within a block, with no gathered copy. Sequences are
-// spread over OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads, head_dim] (query
-// rows may be strided), caches [num_blocks, block_size, num_kv_heads, head_dim], block_tables
-// [num_seqs, table_stride] int32. Storage is fp32 or bf16; all arithmetic is fp32.
+// spread over OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads,
+// head_dim] (query rows may be strided), caches [num_blocks, block_size, num_kv_heads,
+// head_dim], block_tables [num_seqs, table_stride] int32. Storage is fp32 or bf16; all
+// arithmetic is fp32.
 #include <omp.h>
 
 #include <algorithm>
