@@ -1,8 +1,8 @@
 """The per-layer operations, bound once per device: Triton kernels on CUDA, references on CPU.
 
-On CPU: C++ kernels for paged attention (decode rows read the cache blocks in place), rotary
-embeddings and the fused residual add + RMSNorm (``kernels.cpu_kernels``, each falling back
-to its reference where it cannot be built), the references for the rest.
+On CPU: the C++ kernels of ``kernels.cpu_kernels`` (paged attention whose decode rows read the
+cache blocks in place, and one-pass versions of the other ops), each falling back to its
+PyTorch reference where it cannot be built.
 """
 
 from __future__ import annotations
@@ -12,7 +12,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.cpu_kernels import paged_attention_cpu, rms_norm_cpu, rotary_embedding_cpu
+from kernels.cpu_kernels import (
+    paged_attention_cpu,
+    reshape_and_cache_cpu,
+    rms_norm_cpu,
+    rotary_embedding_cpu,
+)
 from kernels.paged_attention import paged_attention_ref
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
@@ -46,6 +51,7 @@ CPU_OPS = replace(
     REFERENCE_OPS,
     name="cpu",
     paged_attention=paged_attention_cpu,
+    reshape_and_cache=reshape_and_cache_cpu,
     rms_norm=rms_norm_cpu,
     rotary_embedding=rotary_embedding_cpu,
 )

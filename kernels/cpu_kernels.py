@@ -9,8 +9,9 @@ same formula in fp32 (fp32 or bf16 storage):
   a kernel that walks the block table and reads each K/V row once; sequences with longer query
   runs (prefill chunks), where the copy is amortized over many query rows, still go through
   the reference.
-- ``rotary_embedding_cpu`` and ``rms_norm_cpu`` (with the residual add fused): one pass over
-  the rows instead of a dozen small tensor ops, which dominate at decode batch sizes.
+- ``rotary_embedding_cpu``, ``rms_norm_cpu`` (with the residual add fused) and
+  ``reshape_and_cache_cpu``: one pass over the rows instead of several small tensor ops, whose
+  overhead dominates at decode batch sizes.
 
 The kernels (``csrc/cpu_kernels.cpp``) are compiled on first use with the system C++ compiler
 (``$CXX``, else ``c++``) for this CPU (``-march=native``) and cached under
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from kernels.paged_attention import paged_attention_ref
+from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rotary_embedding import rotary_embedding_ref
 
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _ARGTYPES = {
     "tidal_paged_decode": (
@@ -60,6 +62,11 @@ _ARGTYPES = {
     "tidal_rms_norm": (
         [ctypes.c_void_p] * 5  # x, residual, weight, out, residual_out
         + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]  # tokens, hidden, eps, thr
+    ),
+    "tidal_reshape_and_cache": (
+        [ctypes.c_void_p] * 5  # key, value, key_cache, value_cache, slots
+        + [ctypes.c_int]  # num_tokens
+        + [ctypes.c_int64] * 3  # row width, key and value row strides
     ),
 }
 
@@ -280,3 +287,35 @@ def rms_norm_cpu(
         x.numel() // hidden, hidden, eps, torch.get_num_threads(),
     )  # fmt: skip
     return out if new_residual is None else (out, new_residual)
+
+
+def reshape_and_cache_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``reshape_and_cache_ref``'s contract: new K/V rows into their cache slots, in place."""
+    fn = _kernel("tidal_reshape_and_cache", key.dtype)
+    rows_ok = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (key, value))
+    if (
+        fn is None
+        or key.device.type != "cpu"
+        or {value.dtype, key_cache.dtype, value_cache.dtype} != {key.dtype}
+        or not rows_ok
+        or not (key_cache.is_contiguous() and value_cache.is_contiguous())
+        or key_cache.shape[2:] != key.shape[1:]
+        or value.shape != key.shape
+    ):
+        reshape_and_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+        return
+    slots = slot_mapping.to(torch.int64).contiguous()
+    num_slots = key_cache.shape[0] * key_cache.shape[1]
+    if slots.numel() and int(slots.max()) >= num_slots:
+        raise ValueError(f"slot_mapping has a slot beyond the cache's {num_slots}")
+    fn(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+        slots.data_ptr(), key.shape[0], key.shape[1] * key.shape[2], key.stride(0),
+        value.stride(0),
+    )  # fmt: skip

@@ -1,6 +1,7 @@
 // CPU kernels for the engine's layer ops, where PyTorch's composition costs more than the math:
 // decode attention over the paged KV cache (reading the cache blocks in place), rotary
-// embeddings in place, and the fused residual add + RMSNorm. Each matches its PyTorch
+// embeddings in place, the fused residual add + RMSNorm, and the scatter of new K/V rows into
+// the cache. Each matches its PyTorch
 // reference in kernels/<op>.py (same formula, fp32 arithmetic, the same roundings).
 //
 // Decode attention: one work item is a decode sequence; all its query heads are scored against
@@ -35,12 +36,17 @@ inline void store(float* p, int64_t i, float v) { p[i] = v; }
 inline void store(bf16* p, int64_t i, float v) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN stays a (quiet) NaN
-        p[i] = static_cast<bf16>((bits >> 16) | 0x40u);
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even, as torch does
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;  // stays a (quiet) NaN
+    bits = nan ? (bits | 0x400000u) : bits + 0x7fffu + ((bits >> 16) & 1u);  // nearest even
     p[i] = static_cast<bf16>(bits >> 16);
+}
+
+// v rounded to the storage type T and back (a no-op for fp32).
+inline float round_as(float v, const float*) { return v; }
+inline float round_as(float v, const bf16*) {
+    bf16 b;
+    store(&b, 0, v);
+    return load(&b, 0);
 }
 
 // exp(x) for x <= 0 (scores minus their maximum), as 2^(x log2 e): the integer part goes to
@@ -210,7 +216,6 @@ void rotary(const int64_t* positions, T* query, T* key, const float* cos_sin, in
 template <typename T>
 void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* residual_out,
               int num_tokens, int hidden, float eps, int num_threads) {
-    constexpr bool exact = sizeof(T) == sizeof(float);
 #pragma omp parallel num_threads(num_threads) if (num_tokens >= 64)
     {
         std::vector<float> h(hidden);
@@ -228,16 +233,22 @@ void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* residua
             if (residual_out)
                 for (int i = 0; i < hidden; ++i) store(residual_out, row + i, h[i]);
             const float r = 1.f / std::sqrt(sum / hidden + eps);
-            for (int i = 0; i < hidden; ++i) {
-                if (exact) {
-                    store(out, row + i, h[i] * r * load(weight, i));
-                } else {
-                    T normed[1];
-                    store(normed, 0, h[i] * r);
-                    store(out, row + i, load(normed, 0) * load(weight, i));
-                }
-            }
+            for (int i = 0; i < hidden; ++i)
+                store(out, row + i, round_as(h[i] * r, out) * load(weight, i));
         }
+    }
+}
+
+// Write each token's K and V rows (all KV heads) to its cache slot; a negative slot is skipped.
+template <typename T>
+void reshape_and_cache(const T* key, const T* value, T* key_cache, T* value_cache,
+                       const int64_t* slots, int num_tokens, int64_t row_width,
+                       int64_t key_row_stride, int64_t value_row_stride) {
+    for (int t = 0; t < num_tokens; ++t) {
+        if (slots[t] < 0) continue;
+        const int64_t dst = slots[t] * row_width;
+        std::memcpy(key_cache + dst, key + t * key_row_stride, row_width * sizeof(T));
+        std::memcpy(value_cache + dst, value + t * value_row_stride, row_width * sizeof(T));
     }
 }
 
@@ -245,7 +256,7 @@ void rms_norm(const T* x, const T* residual, const T* weight, T* out, T* residua
 
 extern "C" {
 
-int tidal_abi_version() { return 2; }
+int tidal_abi_version() { return 3; }
 
 #define TIDAL_DECODE_ENTRY(NAME, T)                                                         \
     void NAME(const void* query, const void* key_cache, const void* value_cache, void* out, \
@@ -286,5 +297,18 @@ TIDAL_ROTARY_ENTRY(tidal_rotary_bf16, bf16)
 
 TIDAL_RMS_NORM_ENTRY(tidal_rms_norm_f32, float)
 TIDAL_RMS_NORM_ENTRY(tidal_rms_norm_bf16, bf16)
+
+#define TIDAL_RESHAPE_AND_CACHE_ENTRY(NAME, T)                                               \
+    void NAME(const void* key, const void* value, void* key_cache, void* value_cache,       \
+              const int64_t* slots, int num_tokens, int64_t row_width,                      \
+              int64_t key_row_stride, int64_t value_row_stride) {                           \
+        reshape_and_cache<T>(static_cast<const T*>(key), static_cast<const T*>(value),      \
+                             static_cast<T*>(key_cache), static_cast<T*>(value_cache),      \
+                             slots, num_tokens, row_width, key_row_stride,                  \
+                             value_row_stride);                                             \
+    }
+
+TIDAL_RESHAPE_AND_CACHE_ENTRY(tidal_reshape_and_cache_f32, float)
+TIDAL_RESHAPE_AND_CACHE_ENTRY(tidal_reshape_and_cache_bf16, bf16)
 
 }  // extern "C"

@@ -1,6 +1,7 @@
 """The C++ CPU kernels: paged attention (C++ decode rows, reference for the rest) against dense
 attention written from the definition; rotary embeddings and RMSNorm against formulas written
-here; the build cache, and the fallback when no C++ compiler is available."""
+here; the cache writes against explicit per-token copies; the build cache, and the fallback
+when no C++ compiler is available."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kernels.cpu_kernels import (
     load_library,
     paged_attention_cpu,
     paged_decode_cpu,
+    reshape_and_cache_cpu,
     rms_norm_cpu,
     rotary_embedding_cpu,
 )
@@ -175,6 +177,27 @@ def test_rms_norm(dtype, with_residual, num_tokens):
     torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
     if with_residual:
         assert torch.equal(got[1], (x.float() + residual.float()).to(dtype)), "residual stream"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reshape_and_cache(dtype):
+    """K/V rows (strided views of a fused qkv) land in their slots; slot -1 writes nothing."""
+    num_tokens, num_kv_heads, head_dim, block_size, num_blocks = 7, 3, 64, 16, 5
+    qkv = torch.randn(num_tokens, 9 * 64 + 2 * num_kv_heads * head_dim).to(dtype)
+    key = qkv[:, 576 : 576 + 192].view(num_tokens, num_kv_heads, head_dim)
+    value = qkv[:, 576 + 192 :].view(num_tokens, num_kv_heads, head_dim)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn_like(key_cache)
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    slots = torch.tensor([17, 0, -1, 79, 40, 41, -1])
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            want_k[slot // block_size, slot % block_size] = key[t]
+            want_v[slot // block_size, slot % block_size] = value[t]
+    reshape_and_cache_cpu(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
+    with pytest.raises(ValueError, match="beyond the cache"):
+        reshape_and_cache_cpu(key, value, key_cache, value_cache, torch.full((7,), 80))
 
 
 def test_rms_norm_and_rotary_match_their_references():
