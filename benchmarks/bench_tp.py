@@ -69,7 +69,8 @@ def decode_rate(engine, batch: int, prompt_len: int, num_decode: int, vocab: int
     for i in range(batch):
         prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
         engine.add_request(f"d{batch}-{i}", prompt, params)
-    reqs = list(engine._requests.values())
+    scheduler = engine.scheduler
+    reqs = [*scheduler.waiting, *scheduler.running]  # the requests just added
     while any(not r.output_token_ids for r in reqs):
         engine.step()
     start_tokens = sum(len(r.output_token_ids) for r in reqs)
