@@ -55,7 +55,7 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
     _mid_job(client, handle.job_id)
     first.stop(signal.SIGKILL)
     assert client.status(handle.job_id).state != JobState.COMPLETED
-    second = start_worker({**env, "TIDAL_METRICS_PORT": str(first.metrics_port + 1)})
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
     client.wait(handle.job_id, timeout_s=300)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
@@ -134,7 +134,7 @@ def test_sigterm_hands_back_within_soft_timeout(
     assert "Initiating Soft Shutdown" in log and "handing back" in log, log
     assert "reject requeue=True: soft shutdown timeout reached" in log, log
     assert client.status(handle.job_id).state == JobState.RUNNING
-    second = start_worker({**env, "TIDAL_METRICS_PORT": str(first.metrics_port + 1)})
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
     client.wait(handle.job_id, timeout_s=300)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)

@@ -130,6 +130,10 @@ def test_warmup_task_and_metrics_after_a_job(
     mixed = client.submit_batch(tmp_path / "mixed.jsonl")
     for job in (handle, mixed):
         assert client.wait(job.job_id, timeout_s=120).state == JobState.COMPLETED
+    # The record turns COMPLETED before the last chunk writes the final manifest to S3 and then
+    # counts the job, so the counter may trail the state by that write.
+    jobs_completed = ("tidal_jobs_completed_total", ())
+    wait_for(lambda: _samples(worker.metrics_text()).get(jobs_completed) == 2, 30, "jobs counted")
     text = worker.metrics_text()
     for probe in ("/healthz", "/ready"):
         with urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}{probe}") as r:
@@ -142,7 +146,7 @@ def test_warmup_task_and_metrics_after_a_job(
     assert s[("tidal_requests_failed_total", (("reason", "invalid_request"),))] == 1
     assert s[("tidal_generation_tokens_total", ())] == 28 * 6
     assert s[("tidal_prompt_tokens_total", ())] > 28 * 5
-    assert s[("tidal_jobs_completed_total", ())] == 2
+    assert s[jobs_completed] == 2
     assert s[("tidal_request_latency_seconds_count", ())] == 28
     assert s[("tidal_time_to_first_token_seconds_count", ())] == 28
     assert s[("tidal_request_latency_seconds_bucket", (("le", "28800.0"),))] == 28
