@@ -107,7 +107,7 @@ def _build(compiler: str, target: Path) -> None:
 
 @functools.cache
 def load_library() -> ctypes.CDLL | None:
-    """The compiled decode kernel, building it on first use; None (with a warning) if it can't."""
+    """The compiled CPU kernels, building them on first use; None (with a warning) if they can't."""
     compiler = os.environ.get("CXX", "c++")
     parts = [_SOURCE.read_bytes(), compiler, " ".join(_FLAGS), _cpu_identity()]
     key = hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
