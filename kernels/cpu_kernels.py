@@ -133,6 +133,11 @@ def load_library() -> ctypes.CDLL | None:
     return lib
 
 
+def _rows_of_heads(*tensors: torch.Tensor) -> bool:
+    """Each [num_tokens, heads, head_dim] tensor has contiguous rows (the rows may be strided)."""
+    return all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in tensors)
+
+
 def _kernel(prefix: str, dtype: torch.dtype):
     """The compiled ``prefix`` kernel for ``dtype``, or None (no library, or a dtype it lacks)."""
     lib = load_library()
@@ -166,7 +171,7 @@ def paged_decode_cpu(
         raise RuntimeError("tidal's C++ CPU kernels could not be built (see the log)")
     num_heads, head_dim = query.shape[1:]
     _, block_size, num_kv_heads, _ = key_cache.shape
-    if query.stride(2) != 1 or query.stride(1) != head_dim or not out.is_contiguous():
+    if not _rows_of_heads(query) or not out.is_contiguous():
         raise ValueError("query rows must be [num_heads, head_dim] contiguous and out contiguous")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous")
@@ -240,7 +245,7 @@ def rotary_embedding_cpu(
 ) -> None:
     """``rotary_embedding_ref``'s contract (in place); one C++ pass over the tokens."""
     fn = _kernel("tidal_rotary", query.dtype)
-    rows_ok = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (query, key))
+    rows_ok = _rows_of_heads(query, key)
     if (
         fn is None
         or query.device.type != "cpu"
@@ -298,7 +303,7 @@ def reshape_and_cache_cpu(
 ) -> None:
     """``reshape_and_cache_ref``'s contract: new K/V rows into their cache slots, in place."""
     fn = _kernel("tidal_reshape_and_cache", key.dtype)
-    rows_ok = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (key, value))
+    rows_ok = _rows_of_heads(key, value)
     if (
         fn is None
         or key.device.type != "cpu"
