@@ -127,6 +127,31 @@ def _int4_gemv_kernel(
 
 
 @triton.jit
+def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid``, GROUP_M row tiles swept per column (L2 reuse)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_rows
+    pid_n = (pid % num_pid_in_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _group_scales(s_ptr, o_ptr, row_offset, offs_n, n_mask, EVEN_N: tl.constexpr):
+    """One group's scales and offsets for columns ``offs_n``, as float32."""
+    if EVEN_N:
+        s = tl.load(s_ptr + row_offset + offs_n).to(tl.float32)
+        o = tl.load(o_ptr + row_offset + offs_n).to(tl.float32)
+    else:
+        s = tl.load(s_ptr + row_offset + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        o = tl.load(o_ptr + row_offset + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    return s, o
+
+
+@triton.jit
 def _int4_gemm_kernel(
     x_ptr,
     x32_ptr,
@@ -165,13 +190,7 @@ def _int4_gemm_kernel(
     # scale and offset are applied to the partial product of each tile (one group per tile).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_rows
-    pid_n = (pid % num_pid_in_group) // group_rows
+    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -217,12 +236,7 @@ def _int4_gemm_kernel(
                 part = tl.dot(x, tl.trans(qv))
             x_sum = tl.sum(x.to(tl.float32), axis=1)
         g = k0 // group_size
-        if EVEN_N:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
-        else:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        s, o = _group_scales(s_ptr, o_ptr, g * stride_s_g, offs_n, n_mask, EVEN_N)
         acc += part * s[None, :] + x_sum[:, None] * o[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     _epilogue(
@@ -271,13 +285,7 @@ def _int4_mm_kernel(
     # streaming them through shared memory), so their latency hides behind the product.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_rows
-    pid_n = (pid % num_pid_in_group) // group_rows
+    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -305,12 +313,7 @@ def _int4_mm_kernel(
                 x_ptrs + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0
             )
         g = k0 // group_size
-        if EVEN_N:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n).to(tl.float32)
-        else:
-            s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        s, o = _group_scales(s_ptr, o_ptr, g * stride_s_g, offs_n, n_mask, EVEN_N)
         w = (_unpack(q).to(tl.float32) * s[:, None] + o[:, None]).to(x.dtype)
         if IEEE:
             acc = tl.dot(x, tl.trans(w), acc=acc, input_precision="ieee")
