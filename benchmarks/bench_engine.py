@@ -7,12 +7,15 @@ output tokens/s for both and the ratio.
 
     python benchmarks/bench_engine.py                      # default model, CPU
     python benchmarks/bench_engine.py --random-llama 1b --device cuda --dtype bfloat16
+    python benchmarks/bench_engine.py --skip-transformers --profile   # where tidal's time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import random
 import tempfile
 import time
@@ -63,7 +66,7 @@ def save_random_llama(size: str, out_dir: str, dtype: torch.dtype) -> None:
 
 
 def run_tidal(
-    model: str | None, reqs, device: str, dtype: str, max_num_seqs: int
+    model: str | None, reqs, device: str, dtype: str, max_num_seqs: int, profile: bool = False
 ) -> tuple[float, int]:
     from engine import LLM, SamplingParams
 
@@ -74,11 +77,17 @@ def run_tidal(
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in reqs]
     if device == "cuda":
         torch.cuda.synchronize()
+    profiler = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     outs = llm.generate([p for p, _ in reqs], params, use_tqdm=True)
     if device == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
+    if profiler is not None:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
     assert useful == sum(o for _, o in reqs)
     return elapsed, useful
@@ -134,6 +143,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile tidal's run (top 15 ops)")
     args = ap.parse_args()
 
     torch_dtype = getattr(torch, args.dtype)
@@ -144,7 +154,9 @@ def main() -> None:
         save_random_llama(args.random_llama, tmp, torch_dtype)
         model, vocab = tmp, RANDOM_LLAMA_SHAPES[args.random_llama][5]
     reqs = make_requests(args.num_requests, vocab, args.seed, args.prompt_range, args.output_range)
-    t_tidal, useful = run_tidal(model, reqs, args.device, args.dtype, args.max_num_seqs)
+    t_tidal, useful = run_tidal(
+        model, reqs, args.device, args.dtype, args.max_num_seqs, args.profile
+    )
     rows = [("tidal (continuous batching)", t_tidal, useful / t_tidal)]
     if not args.skip_transformers:
         t_hf, _ = run_transformers(model, reqs, args.device, torch_dtype, args.hf_batch)
