@@ -146,10 +146,6 @@ def _kernel(prefix: str, dtype: torch.dtype):
     return getattr(lib, f"{prefix}_{_SUFFIX[dtype]}")
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
 def paged_decode_cpu(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -184,8 +180,8 @@ def paged_decode_cpu(
     int32 = [t.to(torch.int32).contiguous() for t in (seq_index, query_start_loc, seq_lens)]
     tables = block_tables.to(torch.int32).contiguous()
     _kernel("tidal_paged_decode", dtype)(
-        _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(out),
-        *(_ptr(t) for t in int32), _ptr(tables),
+        query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
+        *(t.data_ptr() for t in int32), tables.data_ptr(),
         tables.stride(0), query.stride(0),
         seq_index.numel(), num_heads, num_kv_heads, head_dim, block_size,
         scale, sliding_window or 0, torch.get_num_threads(),
