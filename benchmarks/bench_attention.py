@@ -8,8 +8,9 @@ placed in random order in the cache.
 - prefill, 8 x 2048 and 1 x 8192 causal: TFLOP/s against the bf16 8192^3 matmul rate, and
   SDPA's flash backend on the same shapes.
 
-Each case also checks our output against SDPA's. ``--sweep`` adds a tile/split sweep (decode
-at context 8192 and at batch 64 x 2048, prefill at both shapes).
+Each case also checks our output against SDPA's. ``--sweep`` adds a tile/split sweep (the
+decode-only kernel under a CUDA graph at context 8192 and at batch 64 x 2048, prefill at both
+shapes).
 
     python benchmarks/bench_attention.py [--sweep] [--out results.json]
 """
@@ -25,7 +26,13 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.paged_attention import _launch, default_num_kv_splits, paged_attention
+from kernels.paged_attention import (
+    DecodeConfig,
+    _launch,
+    _launch_decode,
+    default_num_kv_splits,
+    paged_attention,
+)
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -121,15 +128,14 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
         "graph_ours_over_sdpa": ours_graph_ms / sdpa_graph_ms,
         "max_diff_vs_sdpa": max_diff(out, sdpa_out),
     }
-    if sweep:
+    if sweep:  # the decode-only kernel under a CUDA graph, (BLOCK_N, warps, stages) x splits
         row["sweep"] = {}
-        for tiles in [(16, 64, 4, 3), (16, 128, 4, 3), (16, 64, 4, 4), (16, 128, 8, 3),
-                      (16, 32, 4, 4), (16, 64, 2, 3), (16, 128, 4, 2)]:  # fmt: skip
-            fn = lambda t=tiles: _launch(*args[:7], None, out, row["num_kv_splits"], *t)  # noqa: E731
-            row["sweep"][f"tiles{tiles}"] = bench_ms(fn) * 1e3
-        for splits in [1, 2, 4, 8, 16, 32, 64]:
-            fn = lambda s=splits: _launch(*args[:7], None, out, s, 16, 64, 4, 3)  # noqa: E731
-            row["sweep"][f"splits{splits}"] = bench_ms(fn) * 1e3
+        decode_args = (query, key_cache, value_cache, seq_lens, tables, SCALE, None, out)
+        for tiles in [(32, 4, 6), (64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3)]:
+            for splits in [1, 2, 4, 8, 16, 32, 64]:
+                config = DecodeConfig(*tiles, merge_block_h=4)
+                fn = lambda s=splits, c=config: _launch_decode(*decode_args, s, c)  # noqa: E731
+                row["sweep"][f"tiles{tiles}-splits{splits}"] = bench_graph_ms(fn) * 1e3
     return row
 
 

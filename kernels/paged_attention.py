@@ -10,11 +10,15 @@ The Triton kernel tiles the flattened query rows into blocks of ``BLOCK_Q`` toke
 sequence; a block carries all ``group`` query heads that share one KV head (``BLOCK_M =
 BLOCK_Q * group_pad`` rows), so each K/V tile is read once per group. A program finds its
 sequence by binary search over ``query_start_loc`` (the grid never depends on a host read).
-For decode with few sequences, each sequence's KV range is split across ``num_kv_splits``
-programs whose partial results are merged with log-sum-exp by a second kernel.
+A decode-only step (one new token per sequence) takes a second kernel whose program id names
+its (KV head, split, sequence) directly. For decode with few sequences, each sequence's KV
+range is split across ``num_kv_splits`` programs whose partial results are merged with
+log-sum-exp by a third kernel.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +27,8 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range only while the (sequence, KV head) programs fill less than one
-# wave of SMs, and then into enough splits for about this many programs per SM (tuned on the
-# H200: see BENCHMARKS.md).
+# wave of SMs, and into at most this many programs per SM (tuned on the H200: BENCHMARKS.md).
 _SPLIT_PROGRAMS_PER_SM = 4
-_MIN_TOKENS_PER_SPLIT = 256
 _MAX_KV_SPLITS = 64
 
 
@@ -248,6 +250,175 @@ def _paged_attention_kernel(
 
 
 @triton.jit
+def _decode_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    kv_start,
+    seq_len,
+    sliding_window,
+    scale_log2,
+    k_head_ptr,
+    v_head_ptr,
+    table_ptr,
+    stride_k_b,
+    stride_k_s,
+    stride_k_d,
+    stride_v_b,
+    stride_v_s,
+    stride_v_d,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    # One decode token's heads against positions kv_start + [0, BLOCK_N): a position is valid
+    # below seq_len (and inside the window); the query sits at seq_len - 1, so no causal mask.
+    offs_n = kv_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    kv_valid = offs_n < seq_len
+    if HAS_WINDOW:
+        kv_valid = kv_valid & (offs_n >= seq_len - sliding_window)
+    block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=kv_valid, other=0)
+    block_ids = block_ids.to(tl.int64)
+    in_block = offs_n % BLOCK_SIZE
+    k_off = block_ids * stride_k_b + in_block * stride_k_s  # [BLOCK_N]
+    v_off = block_ids * stride_v_b + in_block * stride_v_s
+    if HEAD_DIM == HEAD_DIM_PAD:
+        k_mask = kv_valid[None, :]
+        v_mask = kv_valid[:, None]
+    else:
+        k_mask = kv_valid[None, :] & (offs_d < HEAD_DIM)[:, None]
+        v_mask = kv_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    k = tl.load(
+        k_head_ptr + k_off[None, :] + offs_d[:, None] * stride_k_d, mask=k_mask, other=0.0
+    )  # [HEAD_DIM_PAD, BLOCK_N]
+    if IS_FP32:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    s = tl.where(kv_valid[None, :], s * scale_log2, float("-inf"))  # log2 domain
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        v_head_ptr + v_off[:, None] + offs_d[None, :] * stride_v_d, mask=v_mask, other=0.0
+    )  # [BLOCK_N, HEAD_DIM_PAD]
+    if IS_FP32:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_decode_kernel(
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM_PAD] fp32 (IS_SPLIT)
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
+    q_ptr,  # [num_seqs, num_heads, head_dim]: one query token per sequence
+    k_cache_ptr,
+    v_cache_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    scale_log2,
+    num_splits,
+    sliding_window,
+    stride_q_t,
+    stride_q_h,
+    stride_q_d,
+    stride_o_t,
+    stride_o_h,
+    stride_o_d,
+    stride_k_b,
+    stride_k_s,
+    stride_k_h,
+    stride_k_d,
+    stride_v_b,
+    stride_v_s,
+    stride_v_h,
+    stride_v_d,
+    stride_bt_s,
+    stride_po_t,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_t,
+    stride_pl_h,
+    BLOCK_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    # Decode-only step: sequence s owns query row s, so the program id names its work directly
+    # (no search over query_start_loc). Neighbouring programs take the KV heads of one split.
+    kv_head = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    row = seq.to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)  # row r: query head r of this KV head's group
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_valid = offs_m < GROUP
+    head = kv_head * GROUP + offs_m
+    row_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q_ptrs = q_ptr + row * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :] * stride_q_d
+    q = tl.load(q_ptrs, mask=row_mask, other=0.0)
+
+    # This sequence's positions [kv_lo, seq_len), cut into tiles, the tiles cut into splits.
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(seq_len - sliding_window, 0) // BLOCK_N * BLOCK_N
+    num_tiles = (seq_len - kv_lo + BLOCK_N - 1) // BLOCK_N
+    tiles_per_split = (num_tiles + num_splits - 1) // num_splits
+    tile_begin = tl.minimum(split * tiles_per_split, num_tiles)
+    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+    kv_begin = kv_lo + tile_begin * BLOCK_N
+    kv_end = kv_lo + tile_end * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    k_head_ptr = k_cache_ptr + kv_head * stride_k_h
+    v_head_ptr = v_cache_ptr + kv_head * stride_v_h
+    table_ptr = block_tables_ptr + row * stride_bt_s
+    for kv_start in range(kv_begin, kv_end, BLOCK_N):
+        acc, m_i, l_i = _decode_tile(
+            acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
+            k_head_ptr, v_head_ptr, table_ptr, stride_k_b, stride_k_s, stride_k_d,
+            stride_v_b, stride_v_s, stride_v_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+            HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+
+    has_keys = l_i > 0.0
+    o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if IS_SPLIT:
+        part_ptrs = (
+            part_out_ptr + row * stride_po_t + head[:, None] * stride_po_h
+            + split * stride_po_s + offs_d[None, :]
+        )  # fmt: skip
+        tl.store(part_ptrs, o, mask=row_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        lse_ptrs = part_lse_ptr + row * stride_pl_t + head * stride_pl_h + split
+        tl.store(lse_ptrs, lse, mask=row_valid)
+    else:
+        out_ptrs = (
+            out_ptr + row * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
+        )
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
 def _merge_kv_splits_kernel(
     out_ptr,
     part_out_ptr,
@@ -313,9 +484,11 @@ def default_num_kv_splits(
 ) -> int:
     """How many programs share one sequence's KV range when the launcher is not told.
 
-    Only decode-only steps on CUDA split: when the (sequence, KV head) programs are fewer than
-    the SMs, each range is cut into enough splits for ``_SPLIT_PROGRAMS_PER_SM`` programs per
-    SM, keeping at least ``_MIN_TOKENS_PER_SPLIT`` positions per split.
+    Only decode-only steps on CUDA split, and only when the (sequence, KV head) programs are
+    fewer than the SMs. The count is the largest power of two whose square is at most
+    ``max_seq_len / programs`` (fitted on the H200: 8, 16, 32 splits for one sequence of 512,
+    2048, 8192 positions; 2, 4, 4 for 16 sequences), with at most ``_SPLIT_PROGRAMS_PER_SM``
+    programs per SM. Short splits cost fixed work per program, few splits leave SMs idle.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
@@ -323,10 +496,11 @@ def default_num_kv_splits(
     num_sms = _num_sms(device)
     if num_programs >= num_sms:
         return 1
-    target = _SPLIT_PROGRAMS_PER_SM * num_sms
-    by_fill = -(-target // num_programs)
-    by_length = max(1, max_seq_len // _MIN_TOKENS_PER_SPLIT)
-    return max(1, min(by_fill, by_length, _MAX_KV_SPLITS))
+    max_splits = min(_SPLIT_PROGRAMS_PER_SM * num_sms // num_programs, _MAX_KV_SPLITS)
+    splits = 1
+    while 2 * splits <= max_splits and (2 * splits) ** 2 * num_programs <= max_seq_len:
+        splits *= 2
+    return splits
 
 
 def _pick_tiles(
@@ -417,12 +591,20 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    group_pad = _next_pow2(num_heads // num_kv_heads)
-    tiles = _pick_tiles(query.device, max_query_len, group_pad, max(16, _next_pow2(head_dim)))
     if num_kv_splits is None:
         num_kv_splits = default_num_kv_splits(
             num_seqs, num_kv_heads, max_query_len, max_seq_len, query.device
         )
+    if max_query_len == 1 and num_tokens == num_seqs:  # every sequence has one new token
+        config = _pick_decode_config(
+            query.device, query.dtype, num_heads, num_kv_heads, head_dim, num_kv_splits
+        )
+        return _launch_decode(
+            query, key_cache, value_cache, seq_lens, block_tables, scale, sliding_window, out,
+            num_kv_splits, config,
+        )  # fmt: skip
+    group_pad = _next_pow2(num_heads // num_kv_heads)
+    tiles = _pick_tiles(query.device, max_query_len, group_pad, max(16, _next_pow2(head_dim)))
     return _launch(
         query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,
         sliding_window, out, num_kv_splits, *tiles,
@@ -482,15 +664,107 @@ def _launch(
     if num_kv_splits > 1:
         # The interpreter pays per program: merge all heads of a token in one there.
         block_h = 1 if query.device.type == "cuda" else _next_pow2(num_heads)
-        grid = (num_tokens, triton.cdiv(num_heads, block_h))
-        _merge_kv_splits_kernel[grid](
-            out, part_out, part_lse, num_heads, *out.stride(),
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_H=block_h,
-        )  # fmt: skip
+        _merge(out, part_out, part_lse, num_kv_splits, block_h)
     return out
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch shape of the decode-only kernel (benchmarks sweep these through _launch_decode).
+
+    ``merge_block_h``: query heads per program of the split merge.
+    """
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    merge_block_h: int = 1
+
+
+def _pick_decode_config(
+    device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
+    head_dim: int, num_kv_splits: int,
+) -> DecodeConfig:  # fmt: skip
+    if device.type != "cuda":  # the interpreter pays per program: merge a token in one
+        return DecodeConfig(16, 4, 1, merge_block_h=_next_pow2(num_heads))
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    if head_dim_pad > 128:
+        return DecodeConfig(32, 4, 3)
+    if dtype == torch.float32:
+        return DecodeConfig(128, 4, 3)
+    # Tuned on the H200 with Llama-3-8B heads (BENCHMARKS.md): split ranges are short, so keep
+    # many small tiles in flight; long unsplit ranges prefer 64-position tiles.
+    if num_kv_splits == 1:
+        return DecodeConfig(64, 4, 3)
+    # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread.
+    merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
+    merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
+    return DecodeConfig(32, 4, 6, merge_block_h)
+
+
+def _launch_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    num_kv_splits: int,
+    config: DecodeConfig,
+) -> torch.Tensor:
+    """Decode-only launch (one query row per sequence, row i for sequence i) on checked inputs."""
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    group = num_heads // num_kv_heads
+    head_dim_pad = max(16, _next_pow2(head_dim))
+    is_split = num_kv_splits > 1
+    if is_split:
+        part_out = torch.empty(
+            (num_seqs, num_heads, num_kv_splits, head_dim_pad),
+            dtype=torch.float32,
+            device=query.device,
+        )
+        part_lse = torch.empty(
+            (num_seqs, num_heads, num_kv_splits), dtype=torch.float32, device=query.device
+        )
+    else:  # never touched by the kernel; any float32 tensor stands in
+        part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
+    grid = (num_kv_heads, num_kv_splits, num_seqs)
+    _paged_decode_kernel[grid](
+        out, part_out, part_lse, query, key_cache, value_cache, seq_lens, block_tables,
+        scale * _LOG2E, num_kv_splits, sliding_window or 0,
+        *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
+        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=max(16, _next_pow2(group)), BLOCK_N=config.block_n, IS_SPLIT=is_split,
+        HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if is_split:
+        _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h)
+    return out
+
+
+def _merge(
+    out: torch.Tensor,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    num_kv_splits: int,
+    block_h: int,
+) -> None:
+    num_tokens, num_heads, head_dim = out.shape
+    block_h = min(block_h, _next_pow2(num_heads))
+    grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    _merge_kv_splits_kernel[grid](
+        out, part_out, part_lse, num_heads, *out.stride(),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h,
+    )  # fmt: skip
 
 
 _DECODE_GROUP = 8  # decode rows per padded reference computation

@@ -12,7 +12,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import (jit decoration)
 
-from kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+from kernels.paged_attention import (  # noqa: E402
+    DecodeConfig,
+    _launch_decode,
+    paged_attention,
+    paged_attention_ref,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (atol, rtol) per dtype: outputs are convex combinations of N(0, 1) value rows, computed in
@@ -165,12 +170,36 @@ def test_other_block_sizes(block_size):
     check_against_reference(batch, torch.float16, f"block_size {block_size}")
 
 
+DECODE_SEQS = [(1, 1), (17, 1), (100, 1), (64, 1), (23, 1)]
+
+
 @pytest.mark.parametrize("num_kv_splits", [None, 1, 8])
 def test_decode_only(num_kv_splits):
     # 8 splits of 1 to 7 tiles: some splits see no key at all and must weigh nothing.
-    batch = make_batch([(1, 1), (17, 1), (100, 1), (64, 1), (23, 1)], 8, 2, 64, torch.float32)
+    batch = make_batch(DECODE_SEQS, 8, 2, 64, torch.float32)
     check_against_reference(batch, torch.float32, f"decode splits {num_kv_splits}",
                             num_kv_splits=num_kv_splits)  # fmt: skip
+
+
+@pytest.mark.parametrize("num_kv_splits", [1, 3])
+def test_decode_sliding_window(num_kv_splits):
+    batch = make_batch(DECODE_SEQS, 8, 2, 64, torch.float16)
+    check_against_reference(batch, torch.float16, f"decode window 21 splits {num_kv_splits}",
+                            sliding_window=21, num_kv_splits=num_kv_splits)  # fmt: skip
+
+
+@pytest.mark.parametrize("merge_block_h", [1, 2, 8])
+def test_decode_merge_widths(merge_block_h):
+    """The split merge with one, some and all query heads of a token per program."""
+    batch = make_batch(DECODE_SEQS, 8, 2, 64, torch.float16)
+    scale = 64**-0.5
+    out = torch.empty_like(batch.query)
+    _launch_decode(
+        batch.query, batch.key_cache, batch.value_cache, batch.seq_lens, batch.block_tables,
+        scale, None, out, 3, DecodeConfig(16, 4, 1, merge_block_h),
+    )  # fmt: skip
+    ref = paged_attention_ref(*batch.args(scale))
+    assert_close(out, ref, torch.float16, f"merge_block_h {merge_block_h}")
 
 
 def test_strided_query_and_out():
