@@ -118,33 +118,54 @@ class Peers:
 
 
 def candidates(m: int) -> list[Int4GemmConfig]:
-    """Configs the sweep tries for M rows (kept small: device time is scarce)."""
+    """Configs the sweep tries for M rows (kept small: device time is scarce). ``mm`` variants:
+    magic-number dequantization, swapped operands (weight tile on the left of ``tl.dot``),
+    tl.range-pipelined weight loads (Int4GemmConfig's docstring)."""
     out: list[Int4GemmConfig] = []
+    mm = Int4GemmConfig
     if m == 1:
         # (outputs per program, K per loop step, warps, splits): many small programs, each
         # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md).
         for bn, bk, warps, splits in [
-            (64, 128, 2, (16,)),
-            (32, 128, 1, (8, 16, 32, 64)),
             (32, 256, 1, (8, 16, 32)),
-            (16, 128, 1, (16, 32, 64)),
-            (16, 256, 1, (8, 16, 32)),
-            (64, 128, 1, (16, 32)),
+            (32, 512, 1, (8, 16)),
+            (64, 256, 2, (8, 16)),
         ]:
             for split in splits:
                 out.append(Int4GemmConfig("gemv", 16, bn, bk, split, warps, 2))
+        for bn, split in [(64, 4), (64, 8), (128, 8)]:
+            out.append(mm("mm", 16, bn, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
     if 1 < m <= 16:
         for split in (8, 16):
             out.append(Int4GemmConfig("tiled", 16, 256, 128, split, 4, 3, True))
-        for bn, split, warps in [(32, 4, 2), (32, 8, 2), (64, 2, 4), (64, 4, 4), (64, 4, 2)]:
-            out.append(Int4GemmConfig("mm", 16, bn, 128, split, warps, 3))
-        out.append(Int4GemmConfig("mm", 16, 64, 128, 4, 4, 4))
+        out.append(mm("mm", 16, 64, 128, 4, 4, 3))
+        for split in (4, 8):
+            out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True))
+            out.append(mm("mm", 16, 64, 128, split, 4, 4, magic=True, pipelined=True))
+            out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
+            out.append(mm("mm", 16, 128, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
+        out.append(mm("mm", 16, 64, 128, 4, 4, 4, magic=True, swap=True, pipelined=True))
     if m == 64:
-        out.append(Int4GemmConfig("tiled", 64, 128, 128, 1, 4, 4))
-        for bn, split in [(64, 4), (128, 1), (32, 4), (32, 8)]:
-            out.append(Int4GemmConfig("mm", 64, bn, 128, split, 4, 3))
+        for bn, split in [(64, 4), (128, 1), (32, 4)]:
+            out.append(mm("mm", 64, bn, 128, split, 4, 3))
+            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True))
+            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True, pipelined=True))
+        for bn, split in [(64, 4), (64, 8), (128, 2), (128, 4)]:
+            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
     if m >= 64:
         out.append(Int4GemmConfig("dequant"))
+    if m >= 256:
+        for bm, bn, bk, warps, stages in [
+            (128, 128, 64, 8, 3),
+            (128, 128, 64, 8, 4),
+            (128, 256, 64, 8, 3),
+            (64, 128, 128, 4, 3),
+        ]:
+            out.append(mm("mm", bm, bn, bk, 1, warps, stages, magic=True, pipelined=True))
+            out.append(
+                mm("mm", bm, bn, bk, 1, warps, stages, magic=True, swap=True, pipelined=True)
+            )
+        out.append(mm("mm", 128, 128, 64, 1, 8, 3))
     return out
 
 
@@ -262,10 +283,11 @@ def main() -> None:
         precompile(row_values, args.workers)
     rows = []
     for k, n in SHAPES:
-        peers = Peers(k, n)
-        mb = peers.int4[0].num_bytes / 1e6
-        t_read = peers.time_read_floor()
-        print(f"K={k} N={n}: reading the {mb:.1f} MB INT4 weight (torch.sum) {t_read:.1f} us")
+        peers = Peers(k, n, with_torch=not args.sweep)
+        if not args.sweep:
+            mb = peers.int4[0].num_bytes / 1e6
+            t_read = peers.time_read_floor()
+            print(f"K={k} N={n}: reading the {mb:.1f} MB INT4 weight (torch.sum) {t_read:.1f} us")
         for m in row_values:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t_bf16 = peers.time_bf16(x)

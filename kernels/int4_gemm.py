@@ -32,6 +32,7 @@ import triton.language as tl
 
 from kernels.int4_gemm_config import Int4GemmConfig, choose_config
 from kernels.int4_tiles import (
+    _dequant_words,
     _epilogue,
     _load_words,
     _nibble_dot,
@@ -252,6 +253,53 @@ def _int4_gemm_kernel(
 
 
 @triton.jit
+def _mm_step(
+    acc,
+    q,
+    x_ptrs,
+    k0,
+    K,
+    m_mask,
+    s_ptr,
+    o_ptr,
+    s_row,
+    offs_n,
+    n_mask,
+    BLOCK_K,
+    IEEE,
+    MAGIC_DQ: tl.constexpr,
+    SWAP: tl.constexpr,
+    EVEN_N,
+    EVEN_K,
+):
+    """acc += x[:, k0:k0+BLOCK_K] @ dequant(q)^T (acc [BM, BN]), or its transpose with SWAP
+    (acc [BN, BM]: the dequantized weight is the left operand, kept in registers)."""
+    offs_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        x = tl.load(x_ptrs + offs_k[None, :], mask=m_mask[:, None], other=0.0)
+    else:
+        x = tl.load(
+            x_ptrs + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0
+        )
+    s, o = _group_scales(s_ptr, o_ptr, s_row, offs_n, n_mask, EVEN_N)
+    if MAGIC_DQ:
+        w = _dequant_words(q, s, o, x.dtype)
+    else:
+        w = (_unpack(q).to(tl.float32) * s[:, None] + o[:, None]).to(x.dtype)
+    if SWAP:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(x), acc=acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x), acc=acc)
+    else:
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc=acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc=acc)
+    return acc
+
+
+@triton.jit
 def _int4_mm_kernel(
     x_ptr,
     qw_ptr,
@@ -276,13 +324,18 @@ def _int4_mm_kernel(
     GROUP_M: tl.constexpr,
     MODE: tl.constexpr,
     IEEE: tl.constexpr,
+    MAGIC_DQ: tl.constexpr,
+    SWAP: tl.constexpr,
+    PIPELINED: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    # Each weight tile is dequantized in registers to x's dtype (one group per tile) and fed
-    # to one accumulating tl.dot chain, as in a plain GEMM. The packed words of the next tile
-    # are loaded before the current one is used (the unpacking keeps Triton's pipeliner from
-    # streaming them through shared memory), so their latency hides behind the product.
+    # Each weight tile is dequantized in registers to x's dtype (one group per tile; codes by
+    # the magic-number trick with MAGIC_DQ, else unpacked and converted) and fed to one
+    # accumulating tl.dot chain, as in a plain GEMM. PIPELINED: tl.range streams the packed
+    # words through shared memory (NUM_STAGES deep); else the words of the next tile are
+    # loaded into registers before the current product.
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -291,45 +344,75 @@ def _int4_mm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     x_ptrs = x_ptr + offs_m[:, None] * stride_x_m
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    offs_w = tl.multiple_of(k_start // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-    q_next = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        q = q_next
-        offs_w = tl.multiple_of((k0 + BLOCK_K) // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-        q_next = tl.load(
-            qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
-            mask=n_mask[:, None] & (tl.full([1, BLOCK_K // 8], k0 + BLOCK_K, tl.int32) < k_end),
-            other=0,
-        )
-        offs_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            x = tl.load(x_ptrs + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-        else:
-            x = tl.load(
-                x_ptrs + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0
+    if PIPELINED:
+        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+            offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+            q = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
+            acc = _mm_step(
+                acc,
+                q,
+                x_ptrs,
+                k0,
+                K,
+                m_mask,
+                s_ptr,
+                o_ptr,
+                (k0 // group_size) * stride_s_g,
+                offs_n,
+                n_mask,
+                BLOCK_K,
+                IEEE,
+                MAGIC_DQ,
+                SWAP,
+                EVEN_N,
+                EVEN_K,
             )
-        g = k0 // group_size
-        s, o = _group_scales(s_ptr, o_ptr, g * stride_s_g, offs_n, n_mask, EVEN_N)
-        w = (_unpack(q).to(tl.float32) * s[:, None] + o[:, None]).to(x.dtype)
-        if IEEE:
-            acc = tl.dot(x, tl.trans(w), acc=acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc=acc)
-    mask = m_mask[:, None] & n_mask[None, :]
-    _epilogue(
-        acc,
-        out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :],
-        ws_ptr + offs_m[:, None] * N + offs_n[None, :],
-        mask,
-        lock_ptr,
-        pid,
-        num_splits,
-        MODE,
-    )
+    else:
+        offs_w = tl.multiple_of(k_start // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q_next = _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            q = q_next
+            offs_w = tl.multiple_of((k0 + BLOCK_K) // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+            q_next = tl.load(
+                qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
+                mask=n_mask[:, None] & (tl.full([1, BLOCK_K // 8], k0 + BLOCK_K, tl.int32) < k_end),
+                other=0,
+            )
+            acc = _mm_step(
+                acc,
+                q,
+                x_ptrs,
+                k0,
+                K,
+                m_mask,
+                s_ptr,
+                o_ptr,
+                (k0 // group_size) * stride_s_g,
+                offs_n,
+                n_mask,
+                BLOCK_K,
+                IEEE,
+                MAGIC_DQ,
+                SWAP,
+                EVEN_N,
+                EVEN_K,
+            )
+    if SWAP:
+        mask = n_mask[:, None] & m_mask[None, :]
+        out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_n[:, None]
+        ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+        out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
+        ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE)
 
 
 @triton.jit
@@ -621,6 +704,10 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
         GROUP_M=8,
         MODE=mode,
         IEEE=x.dtype == torch.float32,
+        MAGIC_DQ=cfg.magic,
+        SWAP=cfg.swap,
+        PIPELINED=cfg.pipelined,
+        NUM_STAGES=cfg.num_stages,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=k % block_k == 0,
         num_warps=cfg.num_warps,

@@ -27,6 +27,11 @@ class Int4GemmConfig:
     ``nibble`` (tiled): multiply each nibble position of the packed words by the matching
     slice of x (read as int32 pairs for 16-bit x) with codes as 16-bit floats by the
     magic-number trick, instead of unpacking to K order.
+    ``mm`` only: ``magic`` decodes each nibble plane in place by the magic-number trick (no
+    integer-to-float conversions) before interleaving to K order; ``swap`` computes
+    ``(W x^T)^T``, the dequantized tile being the left ``tl.dot`` operand (registers);
+    ``pipelined`` streams the packed words with ``tl.range(num_stages)`` instead of a
+    one-tile register prefetch.
     """
 
     strategy: str
@@ -37,6 +42,9 @@ class Int4GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     nibble: bool = False
+    magic: bool = False
+    swap: bool = False
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -63,9 +71,10 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     From the H200 sweeps of 2026-11-29 (Llama-3-8B shapes, group 128; BENCHMARKS.md, "INT4
     GEMM"): M = 1 gemv with many one-warp programs of 32 outputs (split-K 8 for the wide
     gate_up weight, 32 for the deep down weight, else 16); M <= 16 the mm kernel 16 x 64 with
-    split-K 4 for small weights, the nibble tiled kernel 16 x 256 for the two large ones;
-    M <= 64 the mm kernel 64 x 32/64 with split-K 4 (64 x 128 unsplit for wide weights);
-    above, dequantize + cuBLAS was fastest.
+    magic-number dequantization, swapped operands and pipelined weight loads, split-K 8 (4
+    for wide weights); M <= 64 the magic mm kernel 64 x 32 split-K 4 (N <= 4096), 64 x 64
+    split-K 4 pipelined (N <= 8192), 64 x 128 unsplit pipelined (wider); above, dequantize +
+    cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
@@ -76,15 +85,17 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
         )
     small = n <= 8192
     if m <= 16:
-        if small and k <= 8192:
-            return Int4GemmConfig(
-                "mm", 16, 64, block_k, _pow2_split(4, k, block_k, 4), num_warps=4, num_stages=3
-            )
-        split = _pow2_split(16 if small else 8, k, block_k, 16)
-        return Int4GemmConfig("tiled", 16, 256, block_k, split, 4, 3, nibble=True)
+        split = _pow2_split(8 if small else 4, k, block_k, 8)
+        return Int4GemmConfig(
+            "mm", 16, 64, block_k, split, 4, 3, magic=True, swap=True, pipelined=True
+        )
     if m <= 64:
+        if n <= 4096:
+            return Int4GemmConfig(
+                "mm", 64, 32, block_k, _pow2_split(4, k, block_k, 4), 4, 3, magic=True
+            )
         if small:
-            block_n = 32 if n <= 4096 else 64
-            return Int4GemmConfig("mm", 64, block_n, block_k, _pow2_split(4, k, block_k, 4), 4, 3)
-        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3)
+            split = _pow2_split(4, k, block_k, 4)
+            return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, magic=True, pipelined=True)
+        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, magic=True, pipelined=True)
     return Int4GemmConfig("dequant")

@@ -23,6 +23,34 @@ def _unpack(q):
 
 
 @triton.jit
+def _magic_plane(src, i: tl.constexpr, s16, o):
+    """Nibble i of the words src [R, W] dequantized to fp32: AND-OR the nibble, left in place
+    at bit 4i, into the mantissa of 2^23 and subtract 2^23 (exact n * 16^i); s16 [R] is the
+    scale times 16^-i, o [R] the offset. No integer-to-float conversion."""
+    f = ((src & (0xF << (4 * i))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    return f * s16[:, None] + o[:, None]
+
+
+@triton.jit
+def _dequant_words(q, s, o, DTYPE: tl.constexpr):
+    """int32 words q [R, W], one quantization group per row's tile, scale s and offset o [R]
+    (fp32) -> dequantized weights [R, 8W] in DTYPE, in natural K order: each nibble plane is
+    decoded by the magic-number trick, cast, and the planes are interleaved in registers."""
+    hi = q >> 16
+    p0 = _magic_plane(q, 0, s, o).to(DTYPE)
+    p1 = _magic_plane(q, 1, s * (1.0 / 16), o).to(DTYPE)
+    p2 = _magic_plane(q, 2, s * (1.0 / 256), o).to(DTYPE)
+    p3 = _magic_plane(q, 3, s * (1.0 / 4096), o).to(DTYPE)
+    p4 = _magic_plane(hi, 0, s, o).to(DTYPE)
+    p5 = _magic_plane(hi, 1, s * (1.0 / 16), o).to(DTYPE)
+    p6 = _magic_plane(hi, 2, s * (1.0 / 256), o).to(DTYPE)
+    p7 = _magic_plane(hi, 3, s * (1.0 / 4096), o).to(DTYPE)
+    even = tl.interleave(tl.interleave(p0, p4), tl.interleave(p2, p6))
+    odd = tl.interleave(tl.interleave(p1, p5), tl.interleave(p3, p7))
+    return tl.interleave(even, odd)
+
+
+@triton.jit
 def _load_words(qw_ptr, offs_n, offs_w, n_mask, stride_qw_n, K, EVEN_N, EVEN_K):
     """Packed words [len(offs_n), len(offs_w)]; no masks when the tile is whole (16-byte
     vector loads)."""

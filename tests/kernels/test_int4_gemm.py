@@ -69,6 +69,12 @@ CONFIGS = [
     ("mm", Int4GemmConfig("mm", block_m=32, block_n=16, block_k=64)),
     ("gemv-tall", Int4GemmConfig("gemv", block_n=4, block_k=1024, num_warps=4, num_stages=1)),
     ("mm-split", Int4GemmConfig("mm", block_m=16, block_n=32, block_k=32, split_k=3)),
+    ("mm-magic", Int4GemmConfig("mm", 32, 16, 64, magic=True)),
+    ("mm-magic-pipe", Int4GemmConfig("mm", 16, 16, 128, split_k=2, magic=True, pipelined=True)),
+    (
+        "mm-swap",
+        Int4GemmConfig("mm", 16, 32, 32, split_k=3, magic=True, swap=True, pipelined=True),
+    ),
 ]
 
 
@@ -88,6 +94,9 @@ ROWS = {
     "mm": [1, 37],
     "gemv-tall": [1, 3],
     "mm-split": [2, 17],
+    "mm-magic": [1, 37],
+    "mm-magic-pipe": [3],
+    "mm-swap": [1, 17],
 }
 
 
@@ -147,7 +156,7 @@ def test_bad_input_raises():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 300])
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
 def test_cuda_graph_replay_bf16(m):
     """The table's launch for each M bucket inside a CUDA graph (split-K workspace included),
     replayed on fresh inputs."""
@@ -178,12 +187,22 @@ GPU_CONFIGS = [
     Int4GemmConfig("tiled", 64, 64, 128, split_k=2, nibble=False),
     Int4GemmConfig("mm", 128, 128, 64, num_warps=8, num_stages=3),
     Int4GemmConfig("mm", 16, 128, 128, split_k=4, num_warps=4, num_stages=3),
+    Int4GemmConfig("mm", 128, 128, 64, num_warps=8, num_stages=3, magic=True, pipelined=True),
+    Int4GemmConfig("mm", 16, 64, 128, split_k=4, magic=True),
+    Int4GemmConfig("mm", 16, 64, 128, split_k=4, magic=True, swap=True, pipelined=True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_size", [128, 32])
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: f"{c.strategy}{c.block_n}")
+@pytest.mark.parametrize(
+    "config",
+    GPU_CONFIGS,
+    ids=lambda c: (
+        f"{c.strategy}{c.block_m}x{c.block_n}"
+        + "".join(f"-{f}" for f in ("magic", "swap", "pipelined") if getattr(c, f))
+    ),
+)
 def test_strategies_bf16(config, group_size):
     weight = random_weight(1000 + 37, 2048, group_size, seed=group_size)
     for m in (1, 5, 16, 64, 200):
