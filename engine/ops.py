@@ -17,6 +17,7 @@ from kernels.cpu_kernels import (
     reshape_and_cache_cpu,
     rms_norm_cpu,
     rotary_embedding_cpu,
+    silu_and_mul_cpu,
 )
 from kernels.paged_attention import paged_attention_ref
 from kernels.reshape_and_cache import reshape_and_cache_ref
@@ -54,6 +55,7 @@ CPU_OPS = replace(
     reshape_and_cache=reshape_and_cache_cpu,
     rms_norm=rms_norm_cpu,
     rotary_embedding=rotary_embedding_cpu,
+    silu_and_mul=silu_and_mul_cpu,
 )
 
 

@@ -3,15 +3,14 @@
 Each ``*_cpu`` function has its reference's signature (``kernels/<op>.py``) and computes the
 same formula in fp32 (fp32 or bf16 storage):
 
-- ``paged_attention_cpu``: the reference copies every decode sequence's KV blocks out of the
-  paged cache before ``scaled_dot_product_attention``; that copy, written and read again each
-  layer of each step, costs more than the attention itself. Decode rows (one new token) go to
-  a kernel that walks the block table and reads each K/V row once; sequences with longer query
-  runs (prefill chunks), where the copy is amortized over many query rows, still go through
-  the reference.
-- ``rotary_embedding_cpu``, ``rms_norm_cpu`` (with the residual add fused) and
-  ``reshape_and_cache_cpu``: one pass over the rows instead of several small tensor ops, whose
-  overhead dominates at decode batch sizes.
+- ``paged_attention_cpu``: the reference copies every sequence's KV blocks out of the paged
+  cache before ``scaled_dot_product_attention``; that copy (and, for prefill chunks, the
+  causal mask it builds), redone each layer of each step, costs more than the attention
+  itself at these sizes. The kernel takes every query row (decode and prefill alike) with the
+  number of positions it sees, walks the block table and reads the K/V rows in place.
+- ``rotary_embedding_cpu``, ``rms_norm_cpu`` (with the residual add fused),
+  ``silu_and_mul_cpu`` and ``reshape_and_cache_cpu``: one pass over the rows instead of
+  several small tensor ops, whose overhead dominates at decode batch sizes.
 
 The kernels (``csrc/cpu_kernels.cpp``) are compiled on first use with the system C++ compiler
 (``$CXX``, else ``c++``) for this CPU (``-march=native``) and cached under
@@ -39,18 +38,27 @@ from kernels.paged_attention import paged_attention_ref
 from kernels.reshape_and_cache import reshape_and_cache_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rotary_embedding import rotary_embedding_ref
+from kernels.silu_and_mul import silu_and_mul_ref
 
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC"]
-_ABI_VERSION = 3
+_FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fno-trapping-math",
+    "-fopenmp",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+]
+_ABI_VERSION = 5
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _ARGTYPES = {
-    "tidal_paged_decode": (
-        [ctypes.c_void_p] * 8  # query, key_cache, value_cache, out, seq_index, qsl, lens, tables
+    "tidal_paged_attention": (
+        [ctypes.c_void_p] * 8  # query, key_cache, value_cache, out, row token/seq/len, tables
         + [ctypes.c_int64] * 2  # table_stride, query_row_stride
-        + [ctypes.c_int] * 5  # num_decode, num_heads, num_kv_heads, head_dim, block_size
+        + [ctypes.c_int] * 5  # num_rows, num_heads, num_kv_heads, head_dim, block_size
         + [ctypes.c_float, ctypes.c_int, ctypes.c_int]  # scale, sliding_window, num_threads
     ),
     "tidal_rotary": (
@@ -62,6 +70,10 @@ _ARGTYPES = {
     "tidal_rms_norm": (
         [ctypes.c_void_p] * 5  # x, residual, weight, out, residual_out
         + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]  # tokens, hidden, eps, thr
+    ),
+    "tidal_silu_and_mul": (
+        [ctypes.c_void_p] * 2  # x, out
+        + [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int]  # tokens, d, stride, thr
     ),
     "tidal_reshape_and_cache": (
         [ctypes.c_void_p] * 5  # key, value, key_cache, value_cache, slots
@@ -146,22 +158,25 @@ def _kernel(prefix: str, dtype: torch.dtype):
     return getattr(lib, f"{prefix}_{_SUFFIX[dtype]}")
 
 
-def paged_decode_cpu(
+def paged_attention_rows_cpu(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
-    seq_index: torch.Tensor,
+    row_token: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_len: torch.Tensor,
     scale: float,
     sliding_window: int | None,
     out: torch.Tensor,
 ) -> None:
-    """Attention of the sequences ``seq_index`` (one query row each) into ``out``, in C++.
+    """Attention of the query rows ``row_token`` into the same rows of ``out``, in C++.
 
-    Shapes as in ``paged_attention_ref``; ``out`` must be contiguous, ``query`` contiguous
-    within a row (rows may be strided, as the q slice of a fused qkv projection is).
+    Row ``i`` is token ``row_token[i]`` of sequence ``row_seq[i]`` (its row of
+    ``block_tables``) and attends to that sequence's first ``row_len[i]`` cached positions
+    (the last ``sliding_window`` of them when set). Shapes as in ``paged_attention_ref``;
+    ``out`` must be contiguous, ``query`` contiguous within a row (rows may be strided, as the
+    q slice of a fused qkv projection is).
     """
     if load_library() is None:
         raise RuntimeError("tidal's C++ CPU kernels could not be built (see the log)")
@@ -177,13 +192,22 @@ def paged_decode_cpu(
             f"query, caches and out must share one dtype of {sorted(map(str, _SUFFIX))}, got "
             f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}, {out.dtype}"
         )
-    int32 = [t.to(torch.int32).contiguous() for t in (seq_index, query_start_loc, seq_lens)]
+    rows = [t.to(torch.int32).contiguous() for t in (row_token, row_seq, row_len)]
+    if len({t.numel() for t in rows}) != 1:
+        raise ValueError("row_token, row_seq and row_len must have one entry per row")
     tables = block_tables.to(torch.int32).contiguous()
-    _kernel("tidal_paged_decode", dtype)(
+    if rows[0].numel():
+        capacity = tables.shape[1] * block_size
+        if int(rows[2].max()) > capacity or int(rows[0].max()) >= query.shape[0]:
+            raise ValueError(
+                f"a row sees more positions than its block table holds ({capacity}) or names "
+                f"a token beyond the query's {query.shape[0]}"
+            )
+    _kernel("tidal_paged_attention", dtype)(
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
-        *(t.data_ptr() for t in int32), tables.data_ptr(),
+        *(t.data_ptr() for t in rows), tables.data_ptr(),
         tables.stride(0), query.stride(0),
-        seq_index.numel(), num_heads, num_kv_heads, head_dim, block_size,
+        rows[0].numel(), num_heads, num_kv_heads, head_dim, block_size,
         scale, sliding_window or 0, torch.get_num_threads(),
     )  # fmt: skip
 
@@ -201,36 +225,44 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``paged_attention_ref``'s contract; decode rows in C++, longer query runs by reference."""
+    """``paged_attention_ref``'s contract, every query row in C++ (other inputs: reference)."""
     args = (scale, max_query_len, max_seq_len, sliding_window)
-    if query.device.type != "cpu" or _kernel("tidal_paged_decode", query.dtype) is None:
+    if query.device.type != "cpu" or _kernel("tidal_paged_attention", query.dtype) is None:
         return paged_attention_ref(
             query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, *args, out=out
         )
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype)
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    if max_query_len == 1:
-        decode = torch.arange(q_lens.numel(), dtype=torch.int32)
-        others = []
-    else:
-        decode = (q_lens == 1).nonzero().flatten()
-        others = (q_lens > 1).nonzero().flatten().tolist()
-    if decode.numel():
-        paged_decode_cpu(
-            query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, decode,
-            scale, sliding_window, out,
-        )  # fmt: skip
-    if others:
-        starts = query_start_loc.tolist()
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in others])
-        sub_starts = torch.zeros(len(others) + 1, dtype=torch.int32)
-        sub_starts[1:] = torch.cumsum(q_lens[others], 0)
-        out[rows] = paged_attention_ref(
-            query[rows], key_cache, value_cache, sub_starts, seq_lens[others],
-            block_tables[others], *args,
-        )  # fmt: skip
+    paged_attention_rows_cpu(
+        query, key_cache, value_cache, block_tables, *_query_rows(query_start_loc, seq_lens),
+        scale, sliding_window, out,
+    )  # fmt: skip
     return out
+
+
+# Every layer of a step passes the same metadata: its rows are worked out once. One tuple
+# (copies of the metadata, the rows), replaced whole, so threads never see half of it.
+_last_rows: tuple | None = None
+
+
+def _query_rows(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token, sequence, positions seen) of every query row, as int32."""
+    global _last_rows
+    last = _last_rows
+    if last is not None and torch.equal(last[0], query_start_loc):
+        if torch.equal(last[1], seq_lens):
+            return last[2]
+    starts = query_start_loc.to(torch.int64)
+    q_lens = starts[1:] - starts[:-1]
+    row_seq = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
+    row_token = torch.arange(int(starts[-1]))
+    # A chunk's row i of q sees its sequence's cached prefix plus rows 0..i of the chunk.
+    row_len = seq_lens.to(torch.int64)[row_seq] - (starts[1:][row_seq] - row_token) + 1
+    rows = tuple(t.to(torch.int32) for t in (row_token, row_seq, row_len))
+    _last_rows = (query_start_loc.clone(), seq_lens.clone(), rows)
+    return rows
 
 
 def rotary_embedding_cpu(
@@ -288,6 +320,18 @@ def rms_norm_cpu(
         x.numel() // hidden, hidden, eps, torch.get_num_threads(),
     )  # fmt: skip
     return out if new_residual is None else (out, new_residual)
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """``silu_and_mul_ref``'s contract in one C++ pass (no silu temporary, no slicing copies)."""
+    fn = _kernel("tidal_silu_and_mul", x.dtype)
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d) if x.dim() != 2 else x
+    if fn is None or x.device.type != "cpu" or x.shape[-1] % 2 or x2.stride(-1) != 1:
+        return silu_and_mul_ref(x)
+    out = torch.empty((x2.shape[0], d), dtype=x.dtype)
+    fn(x2.data_ptr(), out.data_ptr(), x2.shape[0], d, x2.stride(0), torch.get_num_threads())
+    return out.view(*x.shape[:-1], d)
 
 
 def reshape_and_cache_cpu(

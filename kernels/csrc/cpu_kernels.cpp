@@ -1,14 +1,16 @@
 // CPU kernels for the engine's layer ops, where PyTorch's composition costs more than the math:
-// decode attention over the paged KV cache (reading the cache blocks in place), rotary
+// attention over the paged KV cache (reading the cache blocks in place), rotary
 // embeddings in place, the fused residual add + RMSNorm, and the scatter of new K/V rows into
 // the cache. Each matches its PyTorch
 // reference in kernels/<op>.py (same formula, fp32 arithmetic, the same roundings).
 //
-// Decode attention: one work item is a decode sequence; all its query heads are scored against
-// every cached position (two passes: scores, then the softmax-weighted sum of V), walking the
-// block table so that each token's K and V rows (all KV heads, contiguous) are read once per
-// step from their blocks, sequentially within a block, with no gathered copy. Sequences are
-// spread over OpenMP threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads,
+// Paged attention: one work item is a query row (a token) with the sequence it belongs to and
+// the number of positions it sees (causal: a prefill chunk's i-th of q rows sees seq_len - q + i
+// + 1 positions, a decode row all seq_len). All its query heads are scored against those cached
+// positions (two passes: scores, then the softmax-weighted sum of V), walking the block table
+// so that each token's K and V rows (all KV heads, contiguous) are read once per row from their
+// blocks, sequentially within a block, with no gathered copy. Rows are spread over OpenMP
+// threads. Layouts follow DESIGN.md: query/out [num_tokens, num_heads,
 // head_dim] (query rows may be strided), caches [num_blocks, block_size, num_kv_heads,
 // head_dim], block_tables [num_seqs, table_stride] int32. Storage is fp32 or bf16; all
 // arithmetic is fp32.
@@ -87,10 +89,10 @@ inline void prefetch_block(const T* cache, int64_t block, int64_t block_stride) 
 
 // HD: head_dim fixed at compile time (64, 128) so the inner loops unroll; 0: read at run time.
 template <typename T, int HD>
-void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
-            const int32_t* seq_index, const int32_t* query_start_loc, const int32_t* seq_lens,
+void attend_rows(const T* query, const T* key_cache, const T* value_cache, T* out,
+            const int32_t* row_token, const int32_t* row_seq, const int32_t* row_len,
             const int32_t* block_tables, int64_t table_stride, int64_t query_row_stride,
-            int num_decode, int num_heads, int num_kv_heads, int head_dim, int block_size,
+            int num_rows, int num_heads, int num_kv_heads, int head_dim, int block_size,
             float scale, int sliding_window, int num_threads) {
     if (HD) head_dim = HD;
     const int group = num_heads / num_kv_heads;
@@ -101,13 +103,13 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
     {
         std::vector<float> q(q_width), acc(q_width), row(token_stride), scores;
 #pragma omp for schedule(dynamic, 1)
-        for (int d = 0; d < num_decode; ++d) {
-            const int s = seq_index[d];
-            const int len = seq_lens[s];
+        for (int r = 0; r < num_rows; ++r) {
+            const int s = row_seq[r];
+            const int len = row_len[r];
             const int start = sliding_window > 0 ? std::max(0, len - sliding_window) : 0;
             const int n = len - start;
-            const int64_t token = query_start_loc[s];
-            if (n <= 0) {  // nothing to attend to (never for a real decode row): zeros
+            const int64_t token = row_token[r];
+            if (n <= 0) {  // nothing to attend to (never for a real row): zeros
                 for (int i = 0; i < q_width; ++i) store(out, token * q_width + i, 0.f);
                 continue;
             }
@@ -170,17 +172,40 @@ void decode(const T* query, const T* key_cache, const T* value_cache, T* out,
 }
 
 template <typename T>
-void decode_dispatch(const T* query, const T* key_cache, const T* value_cache, T* out,
-            const int32_t* seq_index, const int32_t* query_start_loc, const int32_t* seq_lens,
+void attend_rows_dispatch(const T* query, const T* key_cache, const T* value_cache, T* out,
+            const int32_t* row_token, const int32_t* row_seq, const int32_t* row_len,
             const int32_t* block_tables, int64_t table_stride, int64_t query_row_stride,
-            int num_decode, int num_heads, int num_kv_heads, int head_dim, int block_size,
+            int num_rows, int num_heads, int num_kv_heads, int head_dim, int block_size,
             float scale, int sliding_window, int num_threads) {
-    auto f = head_dim == 64 ? decode<T, 64> : head_dim == 128 ? decode<T, 128> : decode<T, 0>;
-    f(query, key_cache, value_cache, out, seq_index, query_start_loc, seq_lens, block_tables,
-      table_stride, query_row_stride, num_decode, num_heads, num_kv_heads, head_dim, block_size,
+    auto f = head_dim == 64    ? attend_rows<T, 64>
+             : head_dim == 128 ? attend_rows<T, 128>
+                               : attend_rows<T, 0>;
+    f(query, key_cache, value_cache, out, row_token, row_seq, row_len, block_tables,
+      table_stride, query_row_stride, num_rows, num_heads, num_kv_heads, head_dim, block_size,
       scale, sliding_window, num_threads);
 }
 
+// out[t, i] = silu(x[t, i]) * x[t, d + i] (gate first, then up), one pass over the rows.
+// silu(g) = g * sigmoid(g) with sigmoid from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0, else
+// e / (1 + e); the branch-free form vectorizes where std::exp would not. With bf16 storage the
+// silu is rounded to bf16 before the product, as the reference's two ops do.
+template <typename T>
+void silu_and_mul(const T* x, T* out, int num_tokens, int d, int64_t x_row_stride,
+                  int num_threads) {
+#pragma omp parallel for num_threads(num_threads) if (static_cast<int64_t>(num_tokens) * d >= 65536)
+    for (int t = 0; t < num_tokens; ++t) {
+        const T* gate = x + t * x_row_stride;
+        const T* up = gate + d;
+        T* o = out + static_cast<int64_t>(t) * d;
+#pragma omp simd
+        for (int i = 0; i < d; ++i) {
+            const float g = load(gate, i);
+            const float e = exp_nonpositive(-std::fabs(g));
+            const float sig = (g >= 0.f ? 1.f : e) / (1.f + e);
+            store(o, i, round_as(g * sig, o) * load(up, i));
+        }
+    }
+}
 
 // Rotary embedding in place (NeoX halves: channel i pairs with i + rotary_dim / 2), for the
 // query and key heads of each token; rows may be strided, heads contiguous within a row.
@@ -256,24 +281,24 @@ void reshape_and_cache(const T* key, const T* value, T* key_cache, T* value_cach
 
 extern "C" {
 
-int tidal_abi_version() { return 3; }
+int tidal_abi_version() { return 5; }
 
-#define TIDAL_DECODE_ENTRY(NAME, T)                                                         \
+#define TIDAL_ATTENTION_ENTRY(NAME, T)                                                      \
     void NAME(const void* query, const void* key_cache, const void* value_cache, void* out, \
-              const int32_t* seq_index, const int32_t* query_start_loc,                     \
-              const int32_t* seq_lens, const int32_t* block_tables, int64_t table_stride,    \
-              int64_t query_row_stride, int num_decode, int num_heads, int num_kv_heads,     \
-              int head_dim, int block_size, float scale, int sliding_window,                 \
-              int num_threads) {                                                             \
-        decode_dispatch<T>(static_cast<const T*>(query), static_cast<const T*>(key_cache),  \
-                           static_cast<const T*>(value_cache), static_cast<T*>(out),         \
-                           seq_index, query_start_loc, seq_lens, block_tables, table_stride, \
-                           query_row_stride, num_decode, num_heads, num_kv_heads, head_dim,  \
-                           block_size, scale, sliding_window, num_threads);                  \
+              const int32_t* row_token, const int32_t* row_seq, const int32_t* row_len,     \
+              const int32_t* block_tables, int64_t table_stride, int64_t query_row_stride,  \
+              int num_rows, int num_heads, int num_kv_heads, int head_dim, int block_size,  \
+              float scale, int sliding_window, int num_threads) {                           \
+        attend_rows_dispatch<T>(static_cast<const T*>(query),                               \
+                                static_cast<const T*>(key_cache),                           \
+                                static_cast<const T*>(value_cache), static_cast<T*>(out),   \
+                                row_token, row_seq, row_len, block_tables, table_stride,    \
+                                query_row_stride, num_rows, num_heads, num_kv_heads,        \
+                                head_dim, block_size, scale, sliding_window, num_threads);  \
     }
 
-TIDAL_DECODE_ENTRY(tidal_paged_decode_f32, float)
-TIDAL_DECODE_ENTRY(tidal_paged_decode_bf16, bf16)
+TIDAL_ATTENTION_ENTRY(tidal_paged_attention_f32, float)
+TIDAL_ATTENTION_ENTRY(tidal_paged_attention_bf16, bf16)
 
 #define TIDAL_ROTARY_ENTRY(NAME, T)                                                          \
     void NAME(const int64_t* positions, void* query, void* key, const float* cos_sin,       \
@@ -310,5 +335,15 @@ TIDAL_RMS_NORM_ENTRY(tidal_rms_norm_bf16, bf16)
 
 TIDAL_RESHAPE_AND_CACHE_ENTRY(tidal_reshape_and_cache_f32, float)
 TIDAL_RESHAPE_AND_CACHE_ENTRY(tidal_reshape_and_cache_bf16, bf16)
+
+#define TIDAL_SILU_AND_MUL_ENTRY(NAME, T)                                                    \
+    void NAME(const void* x, void* out, int num_tokens, int d, int64_t x_row_stride,        \
+              int num_threads) {                                                             \
+        silu_and_mul<T>(static_cast<const T*>(x), static_cast<T*>(out), num_tokens, d,      \
+                        x_row_stride, num_threads);                                         \
+    }
+
+TIDAL_SILU_AND_MUL_ENTRY(tidal_silu_and_mul_f32, float)
+TIDAL_SILU_AND_MUL_ENTRY(tidal_silu_and_mul_bf16, bf16)
 
 }  // extern "C"

@@ -1,5 +1,5 @@
-"""The C++ CPU kernels: paged attention (C++ decode rows, reference for the rest) against dense
-attention written from the definition; rotary embeddings and RMSNorm against formulas written
+"""The C++ CPU kernels: paged attention (every query row in C++) against dense attention
+written from the definition; rotary embeddings and RMSNorm against formulas written
 here; the cache writes against explicit per-token copies; the build cache, and the fallback
 when no C++ compiler is available."""
 
@@ -14,13 +14,16 @@ from kernels import cpu_kernels
 from kernels.cpu_kernels import (
     load_library,
     paged_attention_cpu,
-    paged_decode_cpu,
+    paged_attention_rows_cpu,
     reshape_and_cache_cpu,
     rms_norm_cpu,
     rotary_embedding_cpu,
+    silu_and_mul_cpu,
 )
+from kernels.paged_attention import paged_attention_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rotary_embedding import rotary_embedding_ref
+from kernels.silu_and_mul import silu_and_mul_ref
 from tests.kernels.test_paged_attention import (
     MIXED_SEQS,
     MIXED_SHARED,
@@ -63,6 +66,14 @@ def test_decode_only_long_contexts(dtype):
     check(make_batch(seqs, 9, 3, 64, dtype), dtype, "decode only")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_prefill_and_extend_chunks(dtype):
+    """Prefill chunks over many blocks (causal within the chunk), extends over a cached prefix
+    and decodes in one step."""
+    seqs = [(300, 300), (257, 40), (33, 1), (129, 129), (200, 17)]
+    check(make_batch(seqs, 9, 3, 64, dtype), dtype, "long prefill and extend")
+
+
 @pytest.mark.parametrize("block_size", [1, 8, 32])
 def test_other_block_sizes(block_size):
     batch = make_batch(MIXED_SEQS, 8, 2, 64, torch.float32, block_size=block_size)
@@ -87,25 +98,39 @@ def test_strided_query_rows():
 
 
 def test_writes_only_the_given_rows():
-    """``paged_decode_cpu`` fills exactly the rows of the sequences it is given."""
-    batch = make_batch([(30, 1), (20, 1), (50, 1)], 8, 2, 64, torch.float32)
+    """``paged_attention_rows_cpu`` fills exactly the rows it is given, each over its length."""
+    batch = make_batch([(30, 1), (20, 5), (50, 1)], 8, 2, 64, torch.float32)
     out = torch.full_like(batch.query, float("nan"))
     scale = 0.125
-    paged_decode_cpu(
-        batch.query, batch.key_cache, batch.value_cache, batch.query_start_loc, batch.seq_lens,
-        batch.block_tables, torch.tensor([2, 0]), scale, None, out,
+    # Token 0 is sequence 0's decode row; tokens 1..5 are sequence 1's chunk (20 positions in
+    # all, so its rows see 16..20); token 6 is sequence 2's decode row. Ask for tokens 6 and 3.
+    paged_attention_rows_cpu(
+        batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+        torch.tensor([6, 3]), torch.tensor([2, 1]), torch.tensor([50, 18]), scale, None, out,
     )  # fmt: skip
     want = dense_attention(batch, scale, None)
-    assert_close(out[[0, 2]], want[[0, 2]], torch.float32, "given rows")
-    assert out[1].isnan().all(), "a row of a sequence not asked for was written"
+    assert_close(out[[6, 3]], want[[6, 3]], torch.float32, "given rows")
+    others = [0, 1, 2, 4, 5]
+    assert out[others].isnan().all(), "a row not asked for was written"
+
+
+def test_rows_beyond_the_block_table_are_rejected():
+    batch = make_batch([(30, 1)], 8, 2, 64, torch.float32)
+    capacity = batch.block_tables.shape[1] * batch.key_cache.shape[1]
+    with pytest.raises(ValueError, match="more positions than its block table holds"):
+        paged_attention_rows_cpu(
+            batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+            torch.tensor([0]), torch.tensor([0]), torch.tensor([capacity + 1]), 0.125, None,
+            torch.empty_like(batch.query),
+        )  # fmt: skip
 
 
 def test_rejects_mismatched_dtypes():
     batch = make_batch([(30, 1)], 8, 2, 64, torch.float32)
     with pytest.raises(ValueError, match="share one dtype"):
-        paged_decode_cpu(
-            batch.query.bfloat16(), batch.key_cache, batch.value_cache, batch.query_start_loc,
-            batch.seq_lens, batch.block_tables, torch.tensor([0]), 0.125, None,
+        paged_attention_rows_cpu(
+            batch.query.bfloat16(), batch.key_cache, batch.value_cache, batch.block_tables,
+            torch.tensor([0]), torch.tensor([0]), torch.tensor([30]), 0.125, None,
             torch.empty_like(batch.query),
         )  # fmt: skip
 
@@ -246,3 +271,56 @@ def test_builds_into_the_kernel_cache(tmp_path, monkeypatch):
         assert sorted(tmp_path.iterdir()) == built, "temporary build files were left behind"
     finally:
         load_library.cache_clear()
+
+
+def silu_and_mul_f64(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation from its definition in float64: gate * sigmoid(gate) * up."""
+    g, u = x.double().chunk(2, dim=-1)
+    return g / (1.0 + torch.exp(-g)) * u
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (37, 2 * 80), (3, 5, 2 * 7), (0, 64)], ids=str)
+def test_silu_and_mul_float32(shape):
+    x = torch.randn(shape) * 6  # well into both tails of the sigmoid
+    out = silu_and_mul_cpu(x)
+    assert out.shape == (*shape[:-1], shape[-1] // 2) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), silu_and_mul_f64(x), rtol=2e-6, atol=1e-6)
+
+
+def test_silu_and_mul_bfloat16_rounds_like_the_reference():
+    """bf16: the silu is rounded to bf16 before the product, as the reference's two ops do, so
+    the results agree to one bf16 rounding."""
+    x = (torch.randn(64, 2 * 576) * 4).bfloat16()
+    out = silu_and_mul_cpu(x)
+    want = silu_and_mul_ref(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want.float(), rtol=2**-8, atol=1e-5)
+
+
+def test_silu_and_mul_strided_rows():
+    """The rows of a wider tensor (row stride > 2 * d), as a slice of a fused projection."""
+    wide = torch.randn(9, 3 * 96)
+    x = wide[:, : 2 * 96]
+    assert not x.is_contiguous()
+    torch.testing.assert_close(silu_and_mul_cpu(x).double(), silu_and_mul_f64(x), rtol=2e-6,
+                               atol=1e-6)  # fmt: skip
+
+
+def test_rows_follow_changed_metadata():
+    """The per-step row table is reused across layers, never across different metadata: the
+    same tensors changed in place, and new ones of equal size, both give fresh results (checked
+    against the PyTorch reference, which reads the metadata afresh)."""
+    batch = make_batch([(40, 1), (30, 6), (9, 1)], 8, 2, 64, torch.float32)
+    scale = 0.125
+
+    def agrees(what: str) -> None:
+        want = paged_attention_ref(*batch.args(scale))
+        assert_close(paged_attention_cpu(*batch.args(scale)), want, torch.float32, what)
+
+    agrees("first call")
+    batch.seq_lens[0] = 17  # in place: sequence 0 now sees fewer positions
+    agrees("seq_lens changed in place")
+    batch.query_start_loc = torch.tensor([0, 3, 4, 8], dtype=torch.int32)  # 3, 1, 4 rows
+    batch.seq_lens = torch.tensor([40, 30, 9], dtype=torch.int32)
+    batch.max_query_len = 4
+    agrees("new chunk boundaries")
