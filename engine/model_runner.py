@@ -206,6 +206,9 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
 
         weight_format = load_weights(model, files, device, dtype)
     model.eval()
+    if device.type == "cpu":
+        # oneDNN with weights packed once: faster than F.linear at decode row counts.
+        model.pack_linears_for_cpu()
     block_bytes = (
         2
         * mcfg.num_hidden_layers

@@ -23,6 +23,7 @@ from engine.distributed import TensorParallel
 from engine.models.config import ModelConfig
 from engine.models.rotary import build_cos_sin_cache
 from engine.ops import Ops
+from kernels.cpu_linear import pack_linear_weight, packed_linear
 
 
 class Linear(nn.Module):
@@ -38,9 +39,32 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.packed: torch.Tensor | None = None  # the weight in oneDNN's layout (CPU)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> Linear:
+        """A bias-free layer over an existing weight (shared, not copied)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features = weight.shape
+        layer.weight = nn.Parameter(weight, requires_grad=False)
+        layer.bias = None
+        layer.packed = None
+        return layer
+
+    def pack_for_cpu(self) -> bool:
+        """Reorder the weight once for oneDNN and drop the dense copy (False: not supported)."""
+        packed = pack_linear_weight(self.weight)
+        if packed is None:
+            return False
+        self.packed = packed
+        self.weight = None
+        return True
 
 
 def check_tensor_parallel(cfg: ModelConfig, tp_size: int) -> None:
@@ -208,6 +232,18 @@ class LlamaForCausalLM(nn.Module):
             h = layer.mlp(x, ops)
         out, _ = ops.rms_norm(h, self.norm.weight, self.norm.eps, residual)
         return out
+
+    def pack_linears_for_cpu(self) -> int:
+        """Run the dense linear layers (LM head included) on oneDNN-packed weights; a tied
+        head gets its own packed copy of the embedding. Call after loading. Returns how many
+        layers were packed (0 where oneDNN cannot run this dtype)."""
+        if self.lm_head is None:
+            self.lm_head = Linear.from_weight(self.embed_tokens.weight)
+        layers = [m for m in self.modules() if type(m) is Linear]
+        packed = sum(m.pack_for_cpu() for m in layers)
+        if self.lm_head.weight is not None and self.lm_head.weight is self.embed_tokens.weight:
+            self.lm_head = None  # not packed: the tied head stays the embedding itself
+        return packed
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.tp.is_enabled:

@@ -119,23 +119,35 @@ void attend_rows(const T* query, const T* key_cache, const T* value_cache, T* ou
                 q[i] = load(query, token * query_row_stride + i) * scale;
             scores.resize(static_cast<size_t>(num_heads) * n);
 
+            // Positions [start, len) block by block (no division per position); KV head g
+            // serves query heads g * group .. g * group + group - 1.
+            const int first_block = start / block_size;
+            auto for_each_position = [&](const T* cache, auto&& body) {
+                for (int b = first_block; b < num_blocks; ++b) {
+                    if (b + 1 < num_blocks) prefetch_block(cache, table[b + 1], block_stride);
+                    const T* base = cache + table[b] * block_stride;
+                    const int lo = std::max(start - b * block_size, 0);
+                    const int hi = std::min(len - b * block_size, block_size);
+                    for (int o = lo; o < hi; ++o)
+                        body(b * block_size + o - start, base + o * token_stride);
+                }
+            };
+
             // Pass 1: scores[h, t] = q_h . k_t, reading each token's K row (all KV heads,
             // contiguous) once.
-            for (int t = start; t < len; ++t) {
-                if (t % block_size == 0 && t / block_size + 1 < num_blocks)
-                    prefetch_block(key_cache, table[t / block_size + 1], block_stride);
-                const int64_t off =
-                    table[t / block_size] * block_stride + (t % block_size) * token_stride;
-                const float* krow = row_of(key_cache + off, row.data(), token_stride);
-                for (int h = 0; h < num_heads; ++h) {
-                    const float* qh = q.data() + h * head_dim;
-                    const float* kh = krow + (h / group) * head_dim;
-                    float dot = 0.f;
+            for_each_position(key_cache, [&](int t, const T* cached) {
+                const float* krow = row_of(cached, row.data(), token_stride);
+                for (int g = 0; g < num_kv_heads; ++g) {
+                    const float* kh = krow + g * head_dim;
+                    for (int h = g * group; h < (g + 1) * group; ++h) {
+                        const float* qh = q.data() + h * head_dim;
+                        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i) dot += qh[i] * kh[i];
-                    scores[static_cast<size_t>(h) * n + (t - start)] = dot;
+                        for (int i = 0; i < (HD ? HD : head_dim); ++i) dot += qh[i] * kh[i];
+                        scores[static_cast<size_t>(h) * n + t] = dot;
+                    }
                 }
-            }
+            });
             // Softmax per head, in fp32.
             for (int h = 0; h < num_heads; ++h) {
                 float* sh = scores.data() + static_cast<size_t>(h) * n;
@@ -151,20 +163,18 @@ void attend_rows(const T* query, const T* key_cache, const T* value_cache, T* ou
             }
             // Pass 2: out_h = sum_t p[h, t] v_t, reading each token's V row once.
             std::fill(acc.begin(), acc.end(), 0.f);
-            for (int t = start; t < len; ++t) {
-                if (t % block_size == 0 && t / block_size + 1 < num_blocks)
-                    prefetch_block(value_cache, table[t / block_size + 1], block_stride);
-                const int64_t off =
-                    table[t / block_size] * block_stride + (t % block_size) * token_stride;
-                const float* vrow = row_of(value_cache + off, row.data(), token_stride);
-                for (int h = 0; h < num_heads; ++h) {
-                    const float w = scores[static_cast<size_t>(h) * n + (t - start)];
-                    float* ah = acc.data() + h * head_dim;
-                    const float* vh = vrow + (h / group) * head_dim;
+            for_each_position(value_cache, [&](int t, const T* cached) {
+                const float* vrow = row_of(cached, row.data(), token_stride);
+                for (int g = 0; g < num_kv_heads; ++g) {
+                    const float* vh = vrow + g * head_dim;
+                    for (int h = g * group; h < (g + 1) * group; ++h) {
+                        const float w = scores[static_cast<size_t>(h) * n + t];
+                        float* ah = acc.data() + h * head_dim;
 #pragma omp simd
-                    for (int i = 0; i < (HD ? HD : head_dim); ++i) ah[i] += w * vh[i];
+                        for (int i = 0; i < (HD ? HD : head_dim); ++i) ah[i] += w * vh[i];
+                    }
                 }
-            }
+            });
             const int64_t out0 = token * q_width;
             for (int i = 0; i < q_width; ++i) store(out, out0 + i, acc[i]);
         }
