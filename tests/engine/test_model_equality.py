@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.models.llama import Linear
 from tests.engine.conftest import save_tiny_model
 
 CASES = {
@@ -71,6 +72,20 @@ def engine_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     engine.scheduler.update_after_step(sched)
     engine.abort("logits-probe")
     return logits
+
+
+def test_cpu_linears_run_on_packed_weights(tiny):
+    """On a CPU with oneDNN, every dense linear (the LM head too) runs on a packed weight, so
+    the equality tests below cover that path."""
+    from kernels.cpu_linear import packed_linear_supported
+
+    if not packed_linear_supported(torch.float32):
+        pytest.skip("this PyTorch build has no oneDNN linear")
+    _, llm = tiny
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if type(m) is Linear]
+    assert model.lm_head is not None and model.lm_head in linears
+    assert linears and all(m.packed is not None and m.weight is None for m in linears)
 
 
 def test_logits_match_transformers(tiny):
