@@ -8,9 +8,9 @@ placed in random order in the cache.
 - prefill, 8 x 2048 and 1 x 8192 causal: TFLOP/s against the bf16 8192^3 matmul rate, and
   SDPA's flash backend on the same shapes.
 
-Each case also checks our output against SDPA's. ``--sweep`` adds a tile/split sweep (the
-decode-only kernel under a CUDA graph at context 8192 and at batch 64 x 2048, prefill at both
-shapes).
+Each case also checks our output against SDPA's. ``--sweep`` adds a sweep of the decode-only
+kernel under a CUDA graph (KV heads per program, tiles, splits, merge kernel or fused merge) at
+context 8192 and at batch 16 x 512/2048 and 64 x 2048, and of prefill tiles at both shapes.
 
     python benchmarks/bench_attention.py [--sweep] [--out results.json]
 """
@@ -37,6 +37,7 @@ from kernels.paged_attention import (
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = HEAD_DIM**-0.5
+SWEEP_SHAPES = ((16, 512), (16, 2048), (64, 2048))  # besides context 8192
 
 
 def bench_ms(fn) -> float:
@@ -128,14 +129,22 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
         "graph_ours_over_sdpa": ours_graph_ms / sdpa_graph_ms,
         "max_diff_vs_sdpa": max_diff(out, sdpa_out),
     }
-    if sweep:  # the decode-only kernel under a CUDA graph, (BLOCK_N, warps, stages) x splits
+    if sweep:  # the decode-only kernel under a CUDA graph: KV heads per program, (BLOCK_N,
+        # warps, stages), splits, merge kernel (M) or fused into the last split (F)
         row["sweep"] = {}
         decode_args = (query, key_cache, value_cache, seq_lens, tables, SCALE, None, out)
-        for tiles in [(32, 4, 6), (64, 4, 3), (64, 4, 4), (128, 4, 3), (32, 4, 4), (64, 8, 3)]:
+        variants = [(1, (32, 4, 6)), (1, (64, 4, 3)), (1, (128, 4, 3)), (1, (32, 4, 4)),
+                    (2, (16, 4, 6)), (2, (32, 4, 3)), (4, (16, 4, 3))]  # fmt: skip
+        for kv_heads, tiles in variants:
             for splits in [1, 2, 4, 8, 16, 32, 64]:
-                config = DecodeConfig(*tiles, merge_block_h=4)
-                fn = lambda s=splits, c=config: _launch_decode(*decode_args, s, c)  # noqa: E731
-                row["sweep"][f"tiles{tiles}-splits{splits}"] = bench_graph_ms(fn) * 1e3
+                for fused in [False, True] if 1 < splits <= 8 else [False]:
+                    config = DecodeConfig(*tiles, 4, kv_heads=kv_heads, fused_merge=fused)
+                    fn = lambda s=splits, c=config: _launch_decode(*decode_args, s, c)  # noqa: E731
+                    key = f"kv{kv_heads}-tiles{tiles}-splits{splits}-{'F' if fused else 'M'}"
+                    try:
+                        row["sweep"][key] = bench_graph_ms(fn) * 1e3
+                    except triton.runtime.errors.OutOfResources:
+                        row["sweep"][key] = float("nan")
     return row
 
 
@@ -214,7 +223,7 @@ def main() -> None:
     )
     for batch in (1, 16, 64, 256):
         for seq_len in (512, 2048, 8192):
-            sweep = options.sweep and (seq_len == 8192 or (batch, seq_len) == (64, 2048))
+            sweep = options.sweep and (seq_len == 8192 or (batch, seq_len) in SWEEP_SHAPES)
             r = decode_case(batch, seq_len, results["copy_bytes_per_s"], sweep)
             results["decode"].append(r)
             print(f"{batch:5d} {seq_len:4d} {r['num_kv_splits']:6d} {r['ours_us']:8.1f} "

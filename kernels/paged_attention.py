@@ -11,9 +11,9 @@ sequence; a block carries all ``group`` query heads that share one KV head (``BL
 BLOCK_Q * group_pad`` rows), so each K/V tile is read once per group. A program finds its
 sequence by binary search over ``query_start_loc`` (the grid never depends on a host read).
 A decode-only step (one new token per sequence) takes a second kernel whose program id names
-its (KV head, split, sequence) directly. For decode with few sequences, each sequence's KV
+its (KV heads, split, sequence) directly. For decode with few sequences, each sequence's KV
 range is split across ``num_kv_splits`` programs whose partial results are merged with
-log-sum-exp by a third kernel.
+log-sum-exp, by a third kernel or (few splits) by the last of the splits to finish.
 """
 
 from __future__ import annotations
@@ -259,26 +259,26 @@ def _decode_tile(
     seq_len,
     sliding_window,
     scale_log2,
-    k_head_ptr,
-    v_head_ptr,
+    k_base_ptr,
+    v_base_ptr,
     table_ptr,
+    col_off_k,
+    col_off_v,
+    col_valid,
     stride_k_b,
     stride_k_s,
-    stride_k_d,
     stride_v_b,
     stride_v_s,
-    stride_v_d,
     BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_COL_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IS_FP32: tl.constexpr,
 ):
     # One decode token's heads against positions kv_start + [0, BLOCK_N): a position is valid
     # below seq_len (and inside the window); the query sits at seq_len - 1, so no causal mask.
+    # Column c of a K/V tile is element col_off_* [c] of a position's row of KV heads.
     offs_n = kv_start + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
     kv_valid = offs_n < seq_len
     if HAS_WINDOW:
         kv_valid = kv_valid & (offs_n >= seq_len - sliding_window)
@@ -287,15 +287,15 @@ def _decode_tile(
     in_block = offs_n % BLOCK_SIZE
     k_off = block_ids * stride_k_b + in_block * stride_k_s  # [BLOCK_N]
     v_off = block_ids * stride_v_b + in_block * stride_v_s
-    if HEAD_DIM == HEAD_DIM_PAD:
+    if HAS_COL_MASK:
+        k_mask = kv_valid[None, :] & col_valid[:, None]
+        v_mask = kv_valid[:, None] & col_valid[None, :]
+    else:
         k_mask = kv_valid[None, :]
         v_mask = kv_valid[:, None]
-    else:
-        k_mask = kv_valid[None, :] & (offs_d < HEAD_DIM)[:, None]
-        v_mask = kv_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
     k = tl.load(
-        k_head_ptr + k_off[None, :] + offs_d[:, None] * stride_k_d, mask=k_mask, other=0.0
-    )  # [HEAD_DIM_PAD, BLOCK_N]
+        k_base_ptr + k_off[None, :] + col_off_k[:, None], mask=k_mask, other=0.0
+    )  # [COLS, BLOCK_N]
     if IS_FP32:
         s = tl.dot(q, k, input_precision="ieee")
     else:
@@ -307,8 +307,8 @@ def _decode_tile(
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(
-        v_head_ptr + v_off[:, None] + offs_d[None, :] * stride_v_d, mask=v_mask, other=0.0
-    )  # [BLOCK_N, HEAD_DIM_PAD]
+        v_base_ptr + v_off[:, None] + col_off_v[None, :], mask=v_mask, other=0.0
+    )  # [BLOCK_N, COLS]
     if IS_FP32:
         pv = tl.dot(p, v, input_precision="ieee")
     else:
@@ -318,10 +318,57 @@ def _decode_tile(
 
 
 @triton.jit
+def _merge_heads(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    token,
+    heads,
+    h_valid,
+    num_splits,
+    stride_o_t,
+    stride_o_h,
+    stride_o_d,
+    stride_po_t,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_t,
+    stride_pl_h,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    # One token's heads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max). Partials
+    # are read through L2 (.cg): they may have been written by other SMs during this launch.
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    hs_valid = h_valid[:, None] & (offs_s < num_splits)[None, :]
+    lse_ptrs = part_lse_ptr + token * stride_pl_t + heads[:, None] * stride_pl_h + offs_s[None, :]
+    lse = tl.load(lse_ptrs, mask=hs_valid, other=float("-inf"), cache_modifier=".cg")
+    lse_max = tl.max(lse, 1)  # [BLOCK_H]
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight = tl.exp2(lse - lse_max[:, None])  # 0 for splits that saw no key
+    part_ptrs = (
+        part_out_ptr + token * stride_po_t + heads[:, None, None] * stride_po_h
+        + offs_s[None, :, None] * stride_po_s + offs_d[None, None, :]
+    )  # fmt: skip
+    part_mask = hs_valid[:, :, None] & (offs_d < HEAD_DIM)[None, None, :]
+    part = tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
+    total = tl.sum(weight, 1)
+    o = tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0.0, total, 1.0)[:, None]
+    out_ptrs = (
+        out_ptr + token * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
+    )
+    out_mask = h_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _paged_decode_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim]
     part_out_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM_PAD] fp32 (IS_SPLIT)
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
+    tickets_ptr,  # [num_seqs * num_kv_heads / KV_HEADS] int32, all 0 (FUSED_MERGE)
     q_ptr,  # [num_seqs, num_heads, head_dim]: one query token per sequence
     k_cache_ptr,
     v_cache_ptr,
@@ -352,28 +399,43 @@ def _paged_decode_kernel(
     stride_pl_h,
     BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
+    KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IS_FP32: tl.constexpr,
 ):
     # Decode-only step: sequence s owns query row s, so the program id names its work directly
-    # (no search over query_start_loc). Neighbouring programs take the KV heads of one split.
-    kv_head = tl.program_id(0)
+    # (no search over query_start_loc). A program takes KV_HEADS neighbouring KV heads: its
+    # K/V tiles hold all of their columns (one contiguous run per position) and row r (query
+    # head r of the program's GROUP * KV_HEADS) keeps q only in its KV head's columns, so one
+    # dot gives every row its own scores; of P @ V a row keeps its KV head's columns.
+    kv_group = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     row = seq.to(tl.int64)
-    offs_m = tl.arange(0, BLOCK_M)  # row r: query head r of this KV head's group
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    row_valid = offs_m < GROUP
-    head = kv_head * GROUP + offs_m
-    row_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q_ptrs = q_ptr + row * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :] * stride_q_d
-    q = tl.load(q_ptrs, mask=row_mask, other=0.0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_c = tl.arange(0, KV_HEADS * HEAD_DIM_PAD)
+    head = kv_group * (GROUP * KV_HEADS) + offs_m
+    if KV_HEADS == 1:
+        col_d = offs_c
+        col_head = offs_c * 0
+        row_mask = (offs_m < GROUP)[:, None] & (col_d < HEAD_DIM)[None, :]
+    else:
+        col_d = offs_c % HEAD_DIM_PAD
+        col_head = offs_c // HEAD_DIM_PAD
+        row_mask = (offs_m // GROUP)[:, None] == col_head[None, :]
+        row_mask = row_mask & (offs_m < GROUP * KV_HEADS)[:, None] & (col_d < HEAD_DIM)[None, :]
+    col_valid = col_d < HEAD_DIM
+    q_ptrs = q_ptr + row * stride_q_t + head[:, None] * stride_q_h + col_d[None, :] * stride_q_d
+    q = tl.load(q_ptrs, mask=row_mask, other=0.0)  # [BLOCK_M, COLS], 0 off the row's KV head
 
     # This sequence's positions [kv_lo, seq_len), cut into tiles, the tiles cut into splits.
     kv_lo = 0
@@ -386,18 +448,21 @@ def _paged_decode_kernel(
     kv_begin = kv_lo + tile_begin * BLOCK_N
     kv_end = kv_lo + tile_end * BLOCK_N
 
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, KV_HEADS * HEAD_DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    k_head_ptr = k_cache_ptr + kv_head * stride_k_h
-    v_head_ptr = v_cache_ptr + kv_head * stride_v_h
+    first_kv_head = kv_group * KV_HEADS
+    k_base_ptr = k_cache_ptr + first_kv_head * stride_k_h
+    v_base_ptr = v_cache_ptr + first_kv_head * stride_v_h
+    col_off_k = col_head * stride_k_h + col_d * stride_k_d
+    col_off_v = col_head * stride_v_h + col_d * stride_v_d
     table_ptr = block_tables_ptr + row * stride_bt_s
     for kv_start in range(kv_begin, kv_end, BLOCK_N):
         acc, m_i, l_i = _decode_tile(
             acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
-            k_head_ptr, v_head_ptr, table_ptr, stride_k_b, stride_k_s, stride_k_d,
-            stride_v_b, stride_v_s, stride_v_d, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-            HAS_WINDOW, IS_FP32,
+            k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
+            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32,
         )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -405,15 +470,32 @@ def _paged_decode_kernel(
     if IS_SPLIT:
         part_ptrs = (
             part_out_ptr + row * stride_po_t + head[:, None] * stride_po_h
-            + split * stride_po_s + offs_d[None, :]
+            + split * stride_po_s + col_d[None, :]
         )  # fmt: skip
         tl.store(part_ptrs, o, mask=row_mask)
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         lse_ptrs = part_lse_ptr + row * stride_pl_t + head * stride_pl_h + split
-        tl.store(lse_ptrs, lse, mask=row_valid)
+        tl.store(lse_ptrs, lse, mask=offs_m < GROUP * KV_HEADS)
+        if FUSED_MERGE:
+            # The last of this (sequence, KV heads)'s splits to finish merges them all: the
+            # barrier orders every thread's partial stores before the ticket's release, and
+            # the winner resets the ticket to 0 for the next launch.
+            tl.debug_barrier()
+            ticket_ptr = tickets_ptr + seq * tl.num_programs(0) + kv_group
+            ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:
+                offs_h = tl.arange(0, HEADS_PAD)
+                _merge_heads(
+                    out_ptr, part_out_ptr, part_lse_ptr, row,
+                    kv_group * (GROUP * KV_HEADS) + offs_h, offs_h < GROUP * KV_HEADS,
+                    num_splits, stride_o_t, stride_o_h, stride_o_d,
+                    stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h,
+                    SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
+                )  # fmt: skip
+                tl.store(ticket_ptr, 0)
     else:
         out_ptrs = (
-            out_ptr + row * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
+            out_ptr + row * stride_o_t + head[:, None] * stride_o_h + col_d[None, :] * stride_o_d
         )
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask)
 
@@ -438,31 +520,14 @@ def _merge_kv_splits_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    # One token, BLOCK_H heads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+    # One token, BLOCK_H heads.
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    h_valid = heads < num_heads
-    hs_valid = h_valid[:, None] & (offs_s < NUM_SPLITS)[None, :]
-    lse_ptrs = part_lse_ptr + token * stride_pl_t + heads[:, None] * stride_pl_h + offs_s[None, :]
-    lse = tl.load(lse_ptrs, mask=hs_valid, other=float("-inf"))  # [BLOCK_H, SPLITS_PAD]
-    lse_max = tl.max(lse, 1)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight = tl.exp2(lse - lse_max[:, None])  # 0 for splits that saw no key
-    part_ptrs = (
-        part_out_ptr + token * stride_po_t + heads[:, None, None] * stride_po_h
-        + offs_s[None, :, None] * stride_po_s + offs_d[None, None, :]
+    _merge_heads(
+        out_ptr, part_out_ptr, part_lse_ptr, token, heads, heads < num_heads, NUM_SPLITS,
+        stride_o_t, stride_o_h, stride_o_d, stride_po_t, stride_po_h, stride_po_s,
+        stride_pl_t, stride_pl_h, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
     )  # fmt: skip
-    part_mask = hs_valid[:, :, None] & (offs_d < HEAD_DIM)[None, None, :]
-    part = tl.load(part_ptrs, mask=part_mask, other=0.0)  # [BLOCK_H, SPLITS_PAD, HEAD_DIM_PAD]
-    total = tl.sum(weight, 1)
-    o = tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0.0, total, 1.0)[:, None]
-    out_ptrs = (
-        out_ptr + token * stride_o_t + heads[:, None] * stride_o_h + offs_d[None, :] * stride_o_d
-    )
-    out_mask = h_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 def _next_pow2(n: int) -> int:
@@ -672,13 +737,22 @@ def _launch(
 class DecodeConfig:
     """Launch shape of the decode-only kernel (benchmarks sweep these through _launch_decode).
 
-    ``merge_block_h``: query heads per program of the split merge.
+    ``merge_block_h``: query heads per program of the split merge kernel. ``kv_heads``: KV
+    heads per program (must divide the cache's). ``fused_merge``: with splits, the last
+    program of each (sequence, KV heads) merges them instead of a second launch.
     """
 
     block_n: int
     num_warps: int
     num_stages: int
     merge_block_h: int = 1
+    kv_heads: int = 1
+    fused_merge: bool = False
+
+
+# The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
+# registers at once; past this many splits the merge kernel takes over.
+_MAX_FUSED_SPLITS = 8
 
 
 def _pick_decode_config(
@@ -696,10 +770,31 @@ def _pick_decode_config(
     # many small tiles in flight; long unsplit ranges prefer 64-position tiles.
     if num_kv_splits == 1:
         return DecodeConfig(64, 4, 3)
+    if num_kv_splits <= _MAX_FUSED_SPLITS:
+        return DecodeConfig(32, 4, 6, fused_merge=True)
     # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread.
     merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
     merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
     return DecodeConfig(32, 4, 6, merge_block_h)
+
+
+# Per device, an all-zero int32 ticket buffer for the fused merge: every launch leaves it all
+# zero again (the last program of each ticket resets it), so it is allocated once, not
+# zeroed per call. A buffer that grew is kept alive: captured CUDA graphs still point at it.
+# Launches on one device must not overlap in time (one stream).
+_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
+    buffers = _TICKETS.setdefault(device, [])
+    if buffers and buffers[-1].numel() >= size:
+        return buffers[-1]
+    tickets = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # The zeroing is only recorded, not run, until the graph replays: not reusable now.
+        return tickets
+    buffers.append(tickets)
+    return tickets
 
 
 def _launch_decode(
@@ -719,7 +814,9 @@ def _launch_decode(
     _, block_size, num_kv_heads, _ = key_cache.shape
     group = num_heads // num_kv_heads
     head_dim_pad = max(16, _next_pow2(head_dim))
+    kv_heads = config.kv_heads if num_kv_heads % config.kv_heads == 0 else 1
     is_split = num_kv_splits > 1
+    is_fused = is_split and config.fused_merge
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),
@@ -731,19 +828,27 @@ def _launch_decode(
         )
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
-    grid = (num_kv_heads, num_kv_splits, num_seqs)
+    num_groups = num_kv_heads // kv_heads
+    if is_fused:
+        tickets = _ticket_buffer(query.device, num_seqs * num_groups)
+    else:  # never touched
+        tickets = torch.empty(1, dtype=torch.int32, device=query.device)
+    grid = (num_groups, num_kv_splits, num_seqs)
     _paged_decode_kernel[grid](
-        out, part_out, part_lse, query, key_cache, value_cache, seq_lens, block_tables,
+        out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
         scale * _LOG2E, num_kv_splits, sliding_window or 0,
         *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
         block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        BLOCK_SIZE=block_size, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=max(16, _next_pow2(group)), BLOCK_N=config.block_n, IS_SPLIT=is_split,
+        BLOCK_SIZE=block_size, GROUP=group, KV_HEADS=kv_heads,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=max(16, _next_pow2(group * kv_heads)), BLOCK_N=config.block_n,
+        IS_SPLIT=is_split, FUSED_MERGE=is_fused, SPLITS_PAD=_next_pow2(num_kv_splits),
+        HEADS_PAD=_next_pow2(group * kv_heads),
         HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if is_split:
+    if is_split and not is_fused:
         _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h)
     return out
 

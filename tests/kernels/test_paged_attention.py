@@ -202,6 +202,47 @@ def test_decode_merge_widths(merge_block_h):
     assert_close(out, ref, torch.float16, f"merge_block_h {merge_block_h}")
 
 
+# (kv_heads per program, fused merge, splits): two and four KV heads per program (8 query
+# heads of a group of 2, 8 of a group of 4), the merge fused into the last split to finish.
+DECODE_VARIANTS = [(2, False, 1), (2, False, 3), (1, True, 3), (2, True, 8), (4, True, 2)]
+
+
+@pytest.mark.parametrize("kv_heads, fused, splits", DECODE_VARIANTS)
+@pytest.mark.parametrize("sliding_window", [None, 21])
+def test_decode_variants(kv_heads, fused, splits, sliding_window):
+    batch = make_batch(DECODE_SEQS, 16, 4, 64, torch.float16)
+    scale = 64**-0.5
+    out = torch.empty_like(batch.query)
+    config = DecodeConfig(16, 4, 1, 8, kv_heads=kv_heads, fused_merge=fused)
+    for _ in range(2):  # the second launch finds the fused merge's tickets reset to 0
+        _launch_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens,
+            batch.block_tables, scale, sliding_window, out, splits, config,
+        )  # fmt: skip
+        ref = paged_attention_ref(*batch.args(scale, sliding_window))
+        assert_close(out, ref, torch.float16, f"kv_heads {kv_heads} fused {fused} x{splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("kv_heads, fused, splits", DECODE_VARIANTS + [(4, True, 8), (1, True, 2)])
+def test_decode_variants_llama_heads(kv_heads, fused, splits, dtype):
+    """The decode variants compiled at Llama-3-8B heads, with context lengths up to 3001."""
+    seqs = [(1, 1), (17, 1), (2047, 1), (3001, 1), (512, 1), (90, 1), (1300, 1)]
+    batch = make_batch(seqs, 32, 8, 128, dtype)
+    scale = 128**-0.5
+    out = torch.empty_like(batch.query)
+    tiles = (32, 4, 3) if dtype == torch.bfloat16 else (16, 4, 2)  # fp32 tiles fill smem
+    config = DecodeConfig(*tiles, 4, kv_heads=kv_heads, fused_merge=fused)
+    for _ in range(3):
+        _launch_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens,
+            batch.block_tables, scale, None, out, splits, config,
+        )  # fmt: skip
+        ref = paged_attention_ref(*batch.args(scale))
+        assert_close(out, ref, dtype, f"kv_heads {kv_heads} fused {fused} x{splits} {dtype}")
+
+
 def test_strided_query_and_out():
     """query viewed out of a fused QKV buffer; the result written into a slice of a buffer."""
     batch = make_batch([(19, 19), (40, 3), (26, 1)], 6, 2, 80, torch.float16)
