@@ -38,10 +38,28 @@ def quantize_model(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    hidden = [model.embed_tokens(ids).float() for ids in sequences] if method == "gptq" else []
+    # Calibration runs in float64, one layer at a time (see gptq.py: GPTQ's rounding decisions
+    # cascade, so float32 noise made the result depend on the machine).
+    hidden = [model.embed_tokens(ids).double() for ids in sequences] if method == "gptq" else []
     steps = [(site,) for site in LINEAR_SITES] if true_sequential else [LINEAR_SITES]
     out: dict[str, QuantizedWeight] = {}
+    cos_sin_cache = model.cos_sin_cache
+    if method == "gptq":
+        model.cos_sin_cache = cos_sin_cache.double()  # rotary of the float64 q/k in float64
+    try:
+        _quantize_layers(model, hidden, steps, method, group_size, act_order, sym,
+                         damp_percent, mse, out)  # fmt: skip
+    finally:
+        model.cos_sin_cache = cos_sin_cache
+    return out
+
+
+def _quantize_layers(model, hidden, steps, method, group_size, act_order, sym, damp_percent,
+                     mse, out) -> None:  # fmt: skip
     for index, layer in enumerate(model.layers):
+        dtype = next(layer.parameters()).dtype
+        if method == "gptq":
+            layer.double()
         for sites in steps:
             hessians = _input_hessians(model, layer, hidden, sites)
             for site in sites:
@@ -56,7 +74,7 @@ def quantize_model(
                 weight.copy_(q.dequantize().to(weight.dtype))
                 out[f"layers.{index}.{site}"] = q
         hidden = [layer_forward(model, layer, h) for h in hidden]
-    return out
+        layer.to(dtype)
 
 
 def _input_hessians(model, layer, hidden: list[torch.Tensor], sites) -> dict[str, torch.Tensor]:

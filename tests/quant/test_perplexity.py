@@ -36,7 +36,7 @@ def test_gptq_g128_perplexity_within_10_percent_and_below_rtn():
     ppl_rtn = perplexity(model, evaluation)
     model.load_state_dict(state)
     quantize_model(
-        model, calibration, "gptq", group_size=128, act_order=True, damp_percent=0.1, mse=True
+        model, calibration, "gptq", group_size=128, act_order=True, damp_percent=0.01, mse=True
     )
     ppl_gptq = perplexity(model, evaluation)
     summary = f"fp32 {ppl_fp32:.2f}, RTN {ppl_rtn:.2f}, GPTQ {ppl_gptq:.2f}"
