@@ -46,17 +46,6 @@ class Linear(nn.Module):
             return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
-    @classmethod
-    def from_weight(cls, weight: torch.Tensor) -> Linear:
-        """A bias-free layer over an existing weight (shared, not copied)."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.out_features, layer.in_features = weight.shape
-        layer.weight = nn.Parameter(weight, requires_grad=False)
-        layer.bias = None
-        layer.packed = None
-        return layer
-
     def pack_for_cpu(self) -> bool:
         """Reorder the weight once for oneDNN and drop the dense copy (False: not supported)."""
         packed = pack_linear_weight(self.weight)
@@ -237,12 +226,13 @@ class LlamaForCausalLM(nn.Module):
         """Run the dense linear layers (LM head included) on oneDNN-packed weights; a tied
         head gets its own packed copy of the embedding. Call after loading. Returns how many
         layers were packed (0 where oneDNN cannot run this dtype)."""
-        if self.lm_head is None:
-            self.lm_head = Linear.from_weight(self.embed_tokens.weight)
-        layers = [m for m in self.modules() if type(m) is Linear]
-        packed = sum(m.pack_for_cpu() for m in layers)
-        if self.lm_head.weight is not None and self.lm_head.weight is self.embed_tokens.weight:
-            self.lm_head = None  # not packed: the tied head stays the embedding itself
+        packed = sum(m.pack_for_cpu() for m in self.modules() if type(m) is Linear)
+        if self.lm_head is None:  # tied: a packed copy of the embedding, where oneDNN runs
+            head = pack_linear_weight(self.embed_tokens.weight)
+            if head is not None:
+                self.lm_head = Linear(self.config.hidden_size, self.num_vocab_rows)
+                self.lm_head.weight, self.lm_head.packed = None, head
+                packed += 1
         return packed
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
