@@ -2,11 +2,11 @@
 
 ``F.linear`` on a CPU calls the BLAS (MKL) on the plain row-major weight every time. At the
 row counts of a decode step (a few to a few hundred tokens) and the narrow hidden sizes of
-small models, that wastes much of the machine: on the 2-core AVX2 development machine a
-[64, 576] x [576, 3072] product ran at 65 GFLOP/s through ``F.linear`` with two threads (worse
-than with one) and at 121 GFLOP/s through oneDNN with the weight reordered once into its
-blocked layout (BENCHMARKS.md, "Engine end to end"). This is what PyTorch's own CPU compiler
-(inductor's ``mkldnn`` weight packing) and IPEX do for inference.
+small models, that wastes much of the machine: on a 2-core AVX2 machine a [64, 576] x
+[576, 3072] product ran at 61 GFLOP/s through ``F.linear`` with two threads and at 111 GFLOP/s
+through oneDNN with the weight reordered once into its blocked layout
+(``benchmarks/bench_cpu_linear.py``; BENCHMARKS.md, "Engine end to end"). This is what
+PyTorch's own CPU compiler (inductor's ``mkldnn`` weight packing) and IPEX do for inference.
 
 ``pack_linear_weight`` returns the reordered weight (an opaque ``torch._mkldnn`` tensor) or
 None where this PyTorch build or CPU cannot run it for that dtype, or where a one-time check
