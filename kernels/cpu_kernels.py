@@ -325,9 +325,11 @@ def rms_norm_cpu(
 def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     """``silu_and_mul_ref``'s contract in one C++ pass (no silu temporary, no slicing copies)."""
     fn = _kernel("tidal_silu_and_mul", x.dtype)
+    if fn is None or x.device.type != "cpu" or x.shape[-1] % 2:
+        return silu_and_mul_ref(x)
     d = x.shape[-1] // 2
-    x2 = x.reshape(-1, 2 * d) if x.dim() != 2 else x
-    if fn is None or x.device.type != "cpu" or x.shape[-1] % 2 or x2.stride(-1) != 1:
+    x2 = x.reshape(-1, 2 * d)  # a view for 2-D input, strided rows included
+    if x2.stride(-1) != 1:
         return silu_and_mul_ref(x)
     out = torch.empty((x2.shape[0], d), dtype=x.dtype)
     fn(x2.data_ptr(), out.data_ptr(), x2.shape[0], d, x2.stride(0), torch.get_num_threads())

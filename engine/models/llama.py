@@ -230,7 +230,8 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is None:  # tied: a packed copy of the embedding, where oneDNN runs
             head = pack_linear_weight(self.embed_tokens.weight)
             if head is not None:
-                self.lm_head = Linear(self.config.hidden_size, self.num_vocab_rows)
+                with torch.device("meta"):  # no storage: the weight is dropped at once
+                    self.lm_head = Linear(self.config.hidden_size, self.num_vocab_rows)
                 self.lm_head.weight, self.lm_head.packed = None, head
                 packed += 1
         return packed

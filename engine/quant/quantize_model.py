@@ -47,34 +47,27 @@ def quantize_model(
     if method == "gptq":
         model.cos_sin_cache = cos_sin_cache.double()  # rotary of the float64 q/k in float64
     try:
-        _quantize_layers(model, hidden, steps, method, group_size, act_order, sym,
-                         damp_percent, mse, out)  # fmt: skip
+        for index, layer in enumerate(model.layers):
+            dtype = next(layer.parameters()).dtype
+            if method == "gptq":
+                layer.double()
+            for sites in steps:
+                hessians = _input_hessians(model, layer, hidden, sites)
+                for site in sites:
+                    module = layer.get_submodule(site)
+                    weight = module.weight.data
+                    if method == "gptq":
+                        q = gptq_quantize(weight, hessians[site], group_size, act_order, sym,
+                                          damp_percent, mse=mse)  # fmt: skip
+                    else:
+                        q = rtn_quantize(weight, group_size, sym)
+                    weight.copy_(q.dequantize().to(weight.dtype))
+                    out[f"layers.{index}.{site}"] = q
+            hidden = [layer_forward(model, layer, h) for h in hidden]
+            layer.to(dtype)
     finally:
         model.cos_sin_cache = cos_sin_cache
     return out
-
-
-def _quantize_layers(model, hidden, steps, method, group_size, act_order, sym, damp_percent,
-                     mse, out) -> None:  # fmt: skip
-    for index, layer in enumerate(model.layers):
-        dtype = next(layer.parameters()).dtype
-        if method == "gptq":
-            layer.double()
-        for sites in steps:
-            hessians = _input_hessians(model, layer, hidden, sites)
-            for site in sites:
-                module = layer.get_submodule(site)
-                weight = module.weight.data
-                if method == "gptq":
-                    q = gptq_quantize(
-                        weight, hessians[site], group_size, act_order, sym, damp_percent, mse=mse
-                    )
-                else:
-                    q = rtn_quantize(weight, group_size, sym)
-                weight.copy_(q.dequantize().to(weight.dtype))
-                out[f"layers.{index}.{site}"] = q
-        hidden = [layer_forward(model, layer, h) for h in hidden]
-        layer.to(dtype)
 
 
 def _input_hessians(model, layer, hidden: list[torch.Tensor], sites) -> dict[str, torch.Tensor]:
