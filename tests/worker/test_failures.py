@@ -150,7 +150,10 @@ def test_redis_restart_mid_job(redis_server, s3_endpoint, tiny_model_dir, start_
     worker.wait_ready()
     _mid_job(client, handle.job_id)
     redis_server.restart()  # same port and dir; AOF (fsync always) brings the data back
-    client.wait(handle.job_id, timeout_s=300)
+    try:
+        client.wait(handle.job_id, timeout_s=300)
+    except TimeoutError as exc:  # seen once under a full CI run: keep the worker's side of it
+        raise TimeoutError(f"{exc}; worker log tail:\n{worker.tail(20000)}") from exc
     check_exactly_once(client, handle.job_id, lines, s3_endpoint)
 
 
