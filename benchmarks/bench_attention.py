@@ -37,7 +37,8 @@ from kernels.paged_attention import (
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = HEAD_DIM**-0.5
-SWEEP_SHAPES = ((16, 512), (16, 2048), (64, 2048))  # besides context 8192
+SWEEP_SHAPES = ((1, 512), (1, 2048), (1, 8192), (16, 512), (16, 2048), (16, 8192), (64, 2048))
+LAYERED_BYTES = 512 * 2**20
 
 
 def bench_ms(fn) -> float:
@@ -57,6 +58,32 @@ def bench_graph_ms(fn) -> float:
         print(f"graph capture failed: {exc}")
         return float("nan")
     return bench_ms(graph.replay)
+
+
+def bench_layers_us(fns) -> float:
+    """Time per call of ``fns`` run back to back in one CUDA graph, in us.
+
+    Like one decode step of a many-layer model: every call reads its own cache (together they
+    exceed L2 several times), launches follow each other inside the graph, and the L2 flush
+    before the replay is shared by all calls instead of preceding each.
+    """
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+    except RuntimeError as exc:
+        print(f"graph capture failed: {exc}")
+        return float("nan")
+    return bench_ms(graph.replay) * 1e3 / len(fns)
+
+
+def num_layers(kv_bytes: int) -> int:
+    """Back-to-back calls for the layered timing: >= 512 MB read in all, 2 to 32 calls."""
+    return max(2, min(32, -(-LAYERED_BYTES // kv_bytes)))
 
 
 def copy_bandwidth() -> float:
@@ -129,23 +156,79 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
         "graph_ours_over_sdpa": ours_graph_ms / sdpa_graph_ms,
         "max_diff_vs_sdpa": max_diff(out, sdpa_out),
     }
-    if sweep:  # the decode-only kernel under a CUDA graph: KV heads per program, (BLOCK_N,
-        # warps, stages), splits, merge kernel (M) or fused into the last split (F)
+    caches = layered_case(row, args, k, v, q, out, kv_bytes, copy_bytes_per_s)
+    if sweep:  # the decode-only kernel, layered timing: KV heads per program, (BLOCK_N, warps,
+        # stages), splits, merge kernel (M), the same as a programmatic dependent (PDL) or
+        # fused into the last split (F)
         row["sweep"] = {}
-        decode_args = (query, key_cache, value_cache, seq_lens, tables, SCALE, None, out)
-        variants = [(1, (32, 4, 6)), (1, (64, 4, 3)), (1, (128, 4, 3)), (1, (32, 4, 4)),
+        variants = [(1, (32, 4, 6)), (1, (64, 4, 3)), (1, (32, 4, 4)), (1, (16, 4, 8)),
                     (2, (16, 4, 6)), (2, (32, 4, 3)), (4, (16, 4, 3))]  # fmt: skip
+        split_counts = [1, 2, 4, 8] if batch >= 16 else [8, 16, 32, 64]
         for kv_heads, tiles in variants:
-            for splits in [1, 2, 4, 8, 16, 32, 64]:
-                for fused in [False, True] if 1 < splits <= 8 else [False]:
-                    config = DecodeConfig(*tiles, 4, kv_heads=kv_heads, fused_merge=fused)
-                    fn = lambda s=splits, c=config: _launch_decode(*decode_args, s, c)  # noqa: E731
-                    key = f"kv{kv_heads}-tiles{tiles}-splits{splits}-{'F' if fused else 'M'}"
+            for splits in split_counts:
+                merges = [("M", False, False), ("PDL", False, True)]
+                merges += [("F", True, False)] if 1 < splits <= 8 else []
+                for tag, fused, pdl in merges if splits > 1 else [("-", False, False)]:
+                    config = DecodeConfig(*tiles, 4, kv_heads, fused, pdl)
+                    fns = [
+                        lambda kc=kc, vc=vc, s=splits, c=config: _launch_decode(
+                            query, kc, vc, seq_lens, tables, SCALE, None, out, s, c
+                        )
+                        for kc, vc in caches
+                    ]
+                    key = f"kv{kv_heads}-tiles{tiles}-splits{splits}-{tag}"
                     try:
-                        row["sweep"][key] = bench_graph_ms(fn) * 1e3
+                        row["sweep"][key] = bench_layers_us(fns)
                     except triton.runtime.errors.OutOfResources:
                         row["sweep"][key] = float("nan")
     return row
+
+
+def layered_case(row, args, k, v, q, out, kv_bytes: int, copy_bytes_per_s: float) -> list:
+    """Add the layered timing (``bench_layers_us``) of ours and SDPA to ``row``, each call
+    on its own copy of the cache; split shapes also time their split counts with the merge
+    kernel launched plainly or as a programmatic dependent (PDL), and the fused merge."""
+    query, key_cache, value_cache, _, seq_lens, tables = args[:6]
+    layers = num_layers(kv_bytes)
+    caches = [(key_cache, value_cache)] + [
+        (torch.randn_like(key_cache), torch.randn_like(value_cache)) for _ in range(layers - 1)
+    ]
+    ours = [
+        lambda kc=kc, vc=vc: paged_attention(query, kc, vc, *args[3:], out=out) for kc, vc in caches
+    ]
+    row["layers"] = layers
+    row["layered_ours_us"] = bench_layers_us(ours)
+    sdpa = [lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)]
+    sdpa += [
+        lambda kk=torch.randn_like(k), vv=torch.randn_like(v): F.scaled_dot_product_attention(
+            q, kk, vv, enable_gqa=True
+        )
+        for _ in range(layers - 1)
+    ]
+    row["layered_sdpa_us"] = bench_layers_us(sdpa)
+    del sdpa
+    for name in ("ours", "sdpa"):
+        row[f"layered_{name}_frac_copy"] = (
+            kv_bytes / (row[f"layered_{name}_us"] * 1e-6) / (copy_bytes_per_s)
+        )
+    row["layered_ours_over_sdpa"] = row["layered_ours_us"] / row["layered_sdpa_us"]
+    if row["num_kv_splits"] > 1:
+        row["layered_splits"] = {}
+        for splits in (4, 8, 16, 32, 64):
+            variants = [("M", False, False), ("PDL", False, True)]
+            variants += [("F", True, False)] if splits <= 8 else []
+            for tag, fused, pdl in variants:
+                config = DecodeConfig(32, 4, 6, merge_block_h=4, fused_merge=fused, pdl=pdl)
+                fns = [
+                    lambda kc=kc, vc=vc, s=splits, c=config: _launch_decode(
+                        query, kc, vc, seq_lens, tables, SCALE, None, out, s, c
+                    )
+                    for kc, vc in caches
+                ]
+                row["layered_splits"][f"{splits}-{tag}"] = bench_layers_us(fns)
+        print("    layered split variants (us):",
+              json.dumps({k: round(v, 1) for k, v in row["layered_splits"].items()}))  # fmt: skip
+    return caches
 
 
 def prefill_case(batch: int, seq_len: int, matmul_flops_per_s: float, sweep: bool) -> dict:
@@ -216,14 +299,17 @@ def main() -> None:
     print(f"copy {results['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
           f"bf16 matmul {results['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")  # fmt: skip
     results["decode"] = []
-    print("\ndecode: eager launches | one CUDA-graph replay (no host cost); %copy of copy BW")
+    print(
+        "\ndecode: eager launches | one CUDA-graph replay (no host cost) | layered: per call"
+        " of L calls back to back in one graph, each on its own cache; %copy of copy BW"
+    )
     print(
         "batch  ctx splits  ours_us sdpa_us ours/sdpa | ours_us sdpa_us ours/sdpa ours%copy "
-        "sdpa%copy  diff"
+        "sdpa%copy  diff |  L ours_us sdpa_us ours/sdpa ours%copy sdpa%copy"
     )
     for batch in (1, 16, 64, 256):
         for seq_len in (512, 2048, 8192):
-            sweep = options.sweep and (seq_len == 8192 or (batch, seq_len) in SWEEP_SHAPES)
+            sweep = options.sweep and (batch, seq_len) in SWEEP_SHAPES
             r = decode_case(batch, seq_len, results["copy_bytes_per_s"], sweep)
             results["decode"].append(r)
             print(f"{batch:5d} {seq_len:4d} {r['num_kv_splits']:6d} {r['ours_us']:8.1f} "
@@ -231,7 +317,10 @@ def main() -> None:
                   f"{r['graph_sdpa_us']:7.1f} {r['graph_ours_over_sdpa']:9.2f} "
                   f"{100 * r['graph_ours_frac_copy']:8.0f}% "
                   f"{100 * r['graph_sdpa_frac_copy']:8.0f}% "
-                  f"{r['max_diff_vs_sdpa']:.3f}")  # fmt: skip
+                  f"{r['max_diff_vs_sdpa']:.3f} | {r['layers']:2d} {r['layered_ours_us']:7.1f} "
+                  f"{r['layered_sdpa_us']:7.1f} {r['layered_ours_over_sdpa']:9.2f} "
+                  f"{100 * r['layered_ours_frac_copy']:8.0f}% "
+                  f"{100 * r['layered_sdpa_frac_copy']:8.0f}%")  # fmt: skip
             if "sweep" in r:
                 print(
                     "    sweep (us):", json.dumps({k: round(v, 1) for k, v in r["sweep"].items()})

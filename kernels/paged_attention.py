@@ -410,7 +410,10 @@ def _paged_decode_kernel(
     HEADS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IS_FP32: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # the merge kernel may be scheduled now; it waits for this grid to finish
+        tl.extra.cuda.gdc_launch_dependents()
     # Decode-only step: sequence s owns query row s, so the program id names its work directly
     # (no search over query_start_loc). A program takes KV_HEADS neighbouring KV heads: its
     # K/V tiles hold all of their columns (one contiguous run per position) and row r (query
@@ -519,10 +522,13 @@ def _merge_kv_splits_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One token, BLOCK_H heads.
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if PDL:  # launched before the split kernel finished: wait for its partials
+        tl.extra.cuda.gdc_wait()
     _merge_heads(
         out_ptr, part_out_ptr, part_lse_ptr, token, heads, heads < num_heads, NUM_SPLITS,
         stride_o_t, stride_o_h, stride_o_d, stride_po_t, stride_po_h, stride_po_s,
@@ -739,7 +745,9 @@ class DecodeConfig:
 
     ``merge_block_h``: query heads per program of the split merge kernel. ``kv_heads``: KV
     heads per program (must divide the cache's). ``fused_merge``: with splits, the last
-    program of each (sequence, KV heads) merges them instead of a second launch.
+    program of each (sequence, KV heads) merges them instead of a second launch. ``pdl``
+    (CUDA, sm_90+): the merge kernel is launched as a programmatic dependent of the split
+    kernel, so its launch overlaps the split kernel's tail instead of following it.
     """
 
     block_n: int
@@ -748,6 +756,7 @@ class DecodeConfig:
     merge_block_h: int = 1
     kv_heads: int = 1
     fused_merge: bool = False
+    pdl: bool = False
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
@@ -772,10 +781,16 @@ def _pick_decode_config(
         return DecodeConfig(64, 4, 3)
     if num_kv_splits <= _MAX_FUSED_SPLITS:
         return DecodeConfig(32, 4, 6, fused_merge=True)
-    # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread.
+    # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread;
+    # on sm_90+ the merge launch overlaps the split kernel's tail (PDL).
     merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
     merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
-    return DecodeConfig(32, 4, 6, merge_block_h)
+    return DecodeConfig(32, 4, 6, merge_block_h, pdl=_has_pdl(device))
+
+
+def _has_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and up."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # Per device, an all-zero int32 ticket buffer for the fused merge: every launch leaves it all
@@ -817,6 +832,7 @@ def _launch_decode(
     kv_heads = config.kv_heads if num_kv_heads % config.kv_heads == 0 else 1
     is_split = num_kv_splits > 1
     is_fused = is_split and config.fused_merge
+    pdl = config.pdl and is_split and not is_fused and query.device.type == "cuda"
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),
@@ -846,10 +862,10 @@ def _launch_decode(
         IS_SPLIT=is_split, FUSED_MERGE=is_fused, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEADS_PAD=_next_pow2(group * kv_heads),
         HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if is_split and not is_fused:
-        _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h)
+        _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
     return out
 
 
@@ -859,16 +875,19 @@ def _merge(
     part_lse: torch.Tensor,
     num_kv_splits: int,
     block_h: int,
+    pdl: bool = False,
 ) -> None:
     num_tokens, num_heads, head_dim = out.shape
     block_h = min(block_h, _next_pow2(num_heads))
     grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    launch = {"launch_pdl": True} if pdl else {}  # a launch option of CUDA builds only
     _merge_kv_splits_kernel[grid](
         out, part_out, part_lse, num_heads, *out.stride(),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h, PDL=pdl,
+        **launch,
     )  # fmt: skip
 
 

@@ -243,6 +243,37 @@ def test_decode_variants_llama_heads(kv_heads, fused, splits, dtype):
         assert_close(out, ref, dtype, f"kv_heads {kv_heads} fused {fused} x{splits} {dtype}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [9, 16, 32])
+def test_decode_merge_as_dependent_launch(splits):
+    """The merge kernel launched as a programmatic dependent of the split kernel (sm_90+; a
+    plain launch before that), eagerly and in a CUDA graph of two layers back to back."""
+    seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
+    layers = [make_batch(seqs, 32, 8, 128, torch.bfloat16) for _ in range(2)]
+    scale = 128**-0.5
+    config = DecodeConfig(32, 4, 6, 4, pdl=True)
+    outs = [torch.empty_like(b.query) for b in layers]
+
+    def step():
+        for b, out in zip(layers, outs, strict=True):
+            _launch_decode(
+                b.query, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, scale, None,
+                out, splits, config,
+            )  # fmt: skip
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for out in outs:
+        out.zero_()
+    graph.replay()
+    for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
+        ref = paged_attention_ref(*b.args(scale))
+        assert_close(out, ref, torch.bfloat16, f"PDL merge x{splits}, layer {i}")
+
+
 def test_strided_query_and_out():
     """query viewed out of a fused QKV buffer; the result written into a slice of a buffer."""
     batch = make_batch([(19, 19), (40, 3), (26, 1)], 6, 2, 80, torch.float16)
