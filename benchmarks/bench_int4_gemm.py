@@ -118,40 +118,34 @@ class Peers:
 
 
 def candidates(m: int) -> list[Int4GemmConfig]:
-    """Configs the sweep tries for M rows (kept small: device time is scarce). ``mm`` variants:
-    magic-number dequantization, swapped operands (weight tile on the left of ``tl.dot``),
-    tl.range-pipelined weight loads (Int4GemmConfig's docstring)."""
+    """Configs the sweep tries for M rows (kept small: device time is scarce): the shipped
+    table's configs and neighbours of them with the inline-PTX dequantization (``asm``).
+    ``mm`` variants: magic-number dequantization, swapped operands (weight tile on the left
+    of ``tl.dot``), tl.range-pipelined weight loads (Int4GemmConfig's docstring)."""
     out: list[Int4GemmConfig] = []
     mm = Int4GemmConfig
     if m == 1:
         # (outputs per program, K per loop step, warps, splits): many small programs, each
         # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md).
-        for bn, bk, warps, splits in [
-            (32, 256, 1, (8, 16, 32)),
-            (32, 512, 1, (8, 16)),
-            (64, 256, 2, (8, 16)),
-        ]:
-            for split in splits:
-                out.append(Int4GemmConfig("gemv", 16, bn, bk, split, warps, 2))
-        for bn, split in [(64, 4), (64, 8), (128, 8)]:
-            out.append(mm("mm", 16, bn, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
+        for split in (8, 16, 32):
+            out.append(Int4GemmConfig("gemv", 16, 32, 256, split, 1, 2))
+        for bn, split in [(64, 8), (64, 16), (128, 8), (32, 16)]:
+            out.append(mm("mm", 16, bn, 128, split, 4, 3, swap=True, pipelined=True, asm=True))
     if 1 < m <= 16:
-        for split in (8, 16):
-            out.append(Int4GemmConfig("tiled", 16, 256, 128, split, 4, 3, True))
-        out.append(mm("mm", 16, 64, 128, 4, 4, 3))
         for split in (4, 8):
-            out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True))
-            out.append(mm("mm", 16, 64, 128, split, 4, 4, magic=True, pipelined=True))
             out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
-            out.append(mm("mm", 16, 128, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
-        out.append(mm("mm", 16, 64, 128, 4, 4, 4, magic=True, swap=True, pipelined=True))
+        for bn, split, stages in [(64, 4, 3), (64, 8, 3), (64, 16, 3), (64, 8, 4), (128, 4, 3),
+                                  (128, 8, 3), (32, 16, 3)]:  # fmt: skip
+            out.append(mm("mm", 16, bn, 128, split, 4, stages, swap=True, pipelined=True, asm=True))
+        out.append(mm("mm", 16, 64, 128, 8, 4, 3, pipelined=True, asm=True))
     if m == 64:
-        for bn, split in [(64, 4), (128, 1), (32, 4)]:
-            out.append(mm("mm", 64, bn, 128, split, 4, 3))
-            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True))
-            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True, pipelined=True))
+        out.append(mm("mm", 64, 32, 128, 4, 4, 3, magic=True))
+        out.append(mm("mm", 64, 64, 128, 4, 4, 3, magic=True, pipelined=True))
+        out.append(mm("mm", 64, 128, 128, 1, 4, 3, magic=True, pipelined=True))
+        for bn, split in [(32, 4), (64, 4), (128, 1), (128, 2)]:
+            out.append(mm("mm", 64, bn, 128, split, 4, 3, pipelined=True, asm=True))
         for bn, split in [(64, 4), (64, 8), (128, 2), (128, 4)]:
-            out.append(mm("mm", 64, bn, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
+            out.append(mm("mm", 64, bn, 128, split, 4, 3, swap=True, pipelined=True, asm=True))
     if m >= 64:
         out.append(Int4GemmConfig("dequant"))
     if m >= 256:
@@ -160,12 +154,10 @@ def candidates(m: int) -> list[Int4GemmConfig]:
             (128, 128, 64, 8, 4),
             (128, 256, 64, 8, 3),
             (64, 128, 128, 4, 3),
+            (128, 128, 128, 8, 3),
         ]:
-            out.append(mm("mm", bm, bn, bk, 1, warps, stages, magic=True, pipelined=True))
-            out.append(
-                mm("mm", bm, bn, bk, 1, warps, stages, magic=True, swap=True, pipelined=True)
-            )
-        out.append(mm("mm", 128, 128, 64, 1, 8, 3))
+            out.append(mm("mm", bm, bn, bk, 1, warps, stages, pipelined=True, asm=True))
+            out.append(mm("mm", bm, bn, bk, 1, warps, stages, swap=True, pipelined=True, asm=True))
     return out
 
 

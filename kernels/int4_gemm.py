@@ -32,6 +32,8 @@ import triton.language as tl
 
 from kernels.int4_gemm_config import Int4GemmConfig, choose_config
 from kernels.int4_tiles import (
+    _asm_k_order,
+    _dequant_asm,
     _dequant_words,
     _epilogue,
     _load_words,
@@ -271,9 +273,13 @@ def _mm_step(
     SWAP: tl.constexpr,
     EVEN_N,
     EVEN_K,
+    ASM: tl.constexpr = False,
 ):
     """acc += x[:, k0:k0+BLOCK_K] @ dequant(q)^T (acc [BM, BN]), or its transpose with SWAP
-    (acc [BN, BM]: the dequantized weight is the left operand, kept in registers)."""
+    (acc [BN, BM]: the dequantized weight is the left operand, kept in registers).
+
+    ASM (16-bit x, CUDA): the tile is dequantized by inline PTX two weights at a time
+    (``_dequant_asm``), its K positions permuted within each word; x is read in that order."""
     offs_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
     if EVEN_K:
         x = tl.load(x_ptrs + offs_k[None, :], mask=m_mask[:, None], other=0.0)
@@ -282,7 +288,10 @@ def _mm_step(
             x_ptrs + offs_k[None, :], mask=m_mask[:, None] & (offs_k[None, :] < K), other=0.0
         )
     s, o = _group_scales(s_ptr, o_ptr, s_row, offs_n, n_mask, EVEN_N)
-    if MAGIC_DQ:
+    if ASM:
+        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype))
+        x = _asm_k_order(x)
+    elif MAGIC_DQ:
         w = _dequant_words(q, s, o, x.dtype)
     else:
         w = (_unpack(q).to(tl.float32) * s[:, None] + o[:, None]).to(x.dtype)
@@ -330,6 +339,7 @@ def _int4_mm_kernel(
     NUM_STAGES: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     # Each weight tile is dequantized in registers to x's dtype (one group per tile; codes by
     # the magic-number trick with MAGIC_DQ, else unpacked and converted) and fed to one
@@ -373,6 +383,7 @@ def _int4_mm_kernel(
                 SWAP,
                 EVEN_N,
                 EVEN_K,
+                ASM,
             )
     else:
         offs_w = tl.multiple_of(k_start // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
@@ -403,6 +414,7 @@ def _int4_mm_kernel(
                 SWAP,
                 EVEN_N,
                 EVEN_K,
+                ASM,
             )
     if SWAP:
         mask = n_mask[:, None] & m_mask[None, :]
@@ -710,6 +722,7 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
         NUM_STAGES=cfg.num_stages,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=k % block_k == 0,
+        ASM=cfg.asm and x.dtype in _MAGIC and x.device.type == "cuda",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

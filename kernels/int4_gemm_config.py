@@ -31,7 +31,8 @@ class Int4GemmConfig:
     integer-to-float conversions) before interleaving to K order; ``swap`` computes
     ``(W x^T)^T``, the dequantized tile being the left ``tl.dot`` operand (registers);
     ``pipelined`` streams the packed words with ``tl.range(num_stages)`` instead of a
-    one-tile register prefetch.
+    one-tile register prefetch; ``asm`` (fp16/bf16 x on CUDA, else ignored) multiplies the
+    raw codes, decoded two per instruction by inline PTX, and scales the tile's fp32 product.
     """
 
     strategy: str
@@ -45,6 +46,7 @@ class Int4GemmConfig:
     magic: bool = False
     swap: bool = False
     pipelined: bool = False
+    asm: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -71,10 +73,10 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     From the H200 sweeps of 2026-11-29 (Llama-3-8B shapes, group 128; BENCHMARKS.md, "INT4
     GEMM"): M = 1 gemv with many one-warp programs of 32 outputs (split-K 8 for the wide
     gate_up weight, 32 for the deep down weight, else 16); M <= 16 the mm kernel 16 x 64 with
-    magic-number dequantization, swapped operands and pipelined weight loads, split-K 8 (4
-    for wide weights); M <= 64 the magic mm kernel 64 x 32 split-K 4 (N <= 4096), 64 x 64
-    split-K 4 pipelined (N <= 8192), 64 x 128 unsplit pipelined (wider); above, dequantize +
-    cuBLAS was fastest.
+    inline-PTX dequantization (magic-number in registers where PTX does not apply), swapped
+    operands and pipelined weight loads, split-K 8 (N <= 4096) or 4; M <= 64 the magic mm
+    kernel 64 x 32 split-K 4 (N <= 4096), 64 x 64 split-K 4 pipelined (N <= 8192), 64 x 128
+    unsplit pipelined with inline PTX (wider); above, dequantize + cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
@@ -85,9 +87,9 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
         )
     small = n <= 8192
     if m <= 16:
-        split = _pow2_split(8 if small else 4, k, block_k, 8)
+        split = _pow2_split(8 if n <= 4096 else 4, k, block_k, 8)
         return Int4GemmConfig(
-            "mm", 16, 64, block_k, split, 4, 3, magic=True, swap=True, pipelined=True
+            "mm", 16, 64, block_k, split, 4, 3, magic=True, swap=True, pipelined=True, asm=True
         )
     if m <= 64:
         if n <= 4096:
@@ -97,5 +99,5 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
         if small:
             split = _pow2_split(4, k, block_k, 4)
             return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, magic=True, pipelined=True)
-        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, magic=True, pipelined=True)
+        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, magic=True, pipelined=True, asm=True)
     return Int4GemmConfig("dequant")

@@ -235,3 +235,81 @@ def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE:
             tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
             tl.store(ws_ptrs, tl.zeros_like(acc), mask=mask)
             tl.atomic_xchg(lock_ptr + tile_id, 0)
+
+
+# Two weights per LOP3 and two HFMA2: c = (word >> 4j) & 0x000F000F | MAGIC x 2 (codes bias + n
+# in the two halves, exact; (a & b) | c is truth table 0xEA), c - MAGIC x 2 (n, exact), then
+# n * s + o rounded once. $4 is the word ($5, its copy from the pack of two, is unused), $6
+# the pair (s, s), $7 the pair (o, o).
+_DEQUANT_PTX_TEMPLATE = """{
+.reg .b32 t, c, m;
+mov.b32 m, MAGIC;
+lop3.b32 c, $4, 0x000F000F, m, 0xEA;
+sub.TYPE c, c, m;
+fma.rn.TYPE $0, c, $6, $7;
+shr.u32 t, $4, 4;
+lop3.b32 c, t, 0x000F000F, m, 0xEA;
+sub.TYPE c, c, m;
+fma.rn.TYPE $1, c, $6, $7;
+shr.u32 t, $4, 8;
+lop3.b32 c, t, 0x000F000F, m, 0xEA;
+sub.TYPE c, c, m;
+fma.rn.TYPE $2, c, $6, $7;
+shr.u32 t, $4, 12;
+lop3.b32 c, t, 0x000F000F, m, 0xEA;
+sub.TYPE c, c, m;
+fma.rn.TYPE $3, c, $6, $7;
+}"""
+_DEQUANT_PTX_BF16 = tl.constexpr(
+    _DEQUANT_PTX_TEMPLATE.replace("MAGIC", "0x43004300").replace("TYPE", "bf16x2")
+)
+_DEQUANT_PTX_F16 = tl.constexpr(
+    _DEQUANT_PTX_TEMPLATE.replace("MAGIC", "0x64006400").replace("TYPE", "f16x2")
+)
+
+
+@triton.jit
+def _dequant_asm(q, s, o):
+    """int32 words q [R, W], the tile's scale s and offset o [R] in x's dtype (bf16 or fp16)
+    -> weights q * s + o [R, 8W] in that dtype, by inline PTX on pairs (see
+    ``_DEQUANT_PTX_TEMPLATE``): about 2 instructions per weight. CUDA only (no interpreter).
+
+    Position t of a word's 8 weights holds nibble ``t // 2 + 4 * (t % 2)`` (the two halves
+    of one register sit side by side, as the MMA reads them): the caller reads x in the same
+    order (``_asm_k_order``).
+    """
+    qq = tl.join(q, q)
+    ss = tl.broadcast_to(tl.join(s, s)[:, None, :], qq.shape)
+    oo = tl.broadcast_to(tl.join(o, o)[:, None, :], qq.shape)
+    if s.dtype == tl.bfloat16:
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(
+            asm=_DEQUANT_PTX_BF16,
+            constraints="=r,=r,=r,=r,r,r,r,r",
+            args=[qq, ss, oo],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        p0, p1, p2, p3 = tl.inline_asm_elementwise(
+            asm=_DEQUANT_PTX_F16,
+            constraints="=r,=r,=r,=r,r,r,r,r",
+            args=[qq, ss, oo],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True,
+            pack=2,
+        )
+    # [R, W, 2 (nibble j or j + 4), a, b] with j = 2a + b, then pairs innermost: t = 2j + pair
+    w = tl.join(tl.join(p0, p2), tl.join(p1, p3))
+    w = tl.permute(w, (0, 1, 3, 4, 2))
+    return tl.reshape(w, [q.shape[0], 8 * q.shape[1]])
+
+
+@triton.jit
+def _asm_k_order(x):
+    """x [R, K] (K a multiple of 8) with each word's 8 columns in ``_dequant_asm``'s order:
+    position t holds column t // 2 + 4 (t % 2) (a permutation within a thread's registers)."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    x = tl.permute(tl.reshape(x, [rows, cols // 8, 2, 4]), (0, 1, 3, 2))
+    return tl.reshape(x, [rows, cols])
