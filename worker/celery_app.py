@@ -7,6 +7,7 @@ clock after which running chunks are handed back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,8 @@ from worker.tasks import register_tasks
 
 logger = logging.getLogger(__name__)
 
+KOMBU_UNACKED_MUTEX_EXPIRE_S = 300  # kombu's default for the Redis transport
+
 
 def create_app(settings: WorkerSettings) -> tuple[Celery, WorkerRuntime]:
     """A configured Celery app and the (not yet started) runtime its tasks use."""
@@ -34,6 +37,11 @@ def create_app(settings: WorkerSettings) -> tuple[Celery, WorkerRuntime]:
         "visibility_timeout": settings.visibility_timeout_s,
         "unacked_restore_interval": settings.unacked_restore_interval_s,
         "unacked_restore_throttle": settings.unacked_restore_throttle,
+        # The restore scan holds a Redis lock for milliseconds, but one cut short by a Redis
+        # restart cannot release it, and the lock (saved with the data) then blocks every
+        # restore until it expires: kombu's 300 s, longer than a short visibility timeout.
+        # A restore racing another is safe (each message moves in a WATCH transaction).
+        "unacked_mutex_expire": min(KOMBU_UNACKED_MUTEX_EXPIRE_S, settings.visibility_timeout_s),
     }
     app.conf.update(celery_config(settings, **transport))
     app.conf.update(
@@ -129,7 +137,40 @@ def _dead_lettering_consumer(rt: WorkerRuntime) -> type[Consumer]:
             record("unknown_task", message, exc)
             super().on_unknown_task(body, message, exc)
 
+        def on_connection_error_after_connected(self, exc: Exception) -> None:
+            close_polling_channels(self.connection)
+            super().on_connection_error_after_connected(exc)
+
     return DeadLetteringConsumer
+
+
+def close_polling_channels(connection: Any) -> None:
+    """Close the broken connection's channels that wait on a BRPOP, while it can still be done.
+
+    kombu's Redis channel reads its outstanding BRPOP reply first thing in ``close()``; on a
+    dead connection that read raises, and the channel is left open. Celery's reconnect then
+    collects the connection (detaching its transport) and closes it again: that close reaches
+    the channel's restore of its unacked messages, which needs the detached transport, and
+    raises ``AttributeError``. Celery calls that an unrecoverable error and the worker stops
+    consuming for good after a broker restart (it happens when the Redis restart is noticed
+    on the pub/sub socket before the BRPOP socket). The failed close has given up the BRPOP,
+    so a second close here, with the transport attached, completes.
+    """
+    transport = getattr(connection, "_transport", None) if connection is not None else None
+    if transport is None:
+        return
+    errors = connection.connection_errors + connection.channel_errors
+    for channel in list(getattr(transport, "channels", ())):
+        if not getattr(channel, "_in_poll", None):
+            continue
+        try:
+            channel.close()
+        except errors:
+            # The close stopped at the BRPOP read; the next one gets through (its restore
+            # of unacked messages may fail too while Redis is away: they stay in Redis, and
+            # the visibility timeout brings them back).
+            with contextlib.suppress(*errors):
+                channel.close()
 
 
 def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
