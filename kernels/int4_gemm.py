@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.int4_gemm_config import Int4GemmConfig, choose_config
 from kernels.int4_tiles import (
@@ -428,6 +429,54 @@ def _int4_mm_kernel(
 
 
 @triton.jit
+def _int4_mm_tma_kernel(
+    x_desc,  # TMA descriptor of x [M, K], block [BLOCK_M, BLOCK_K]
+    qw_desc,  # TMA descriptor of the packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    num_splits,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    MODE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):
+    # The mm kernel's swap + asm path with both operand tiles fetched by the TMA engine
+    # (no per-thread addresses; rows and columns past M, N, K read as 0): acc [BN, BM] +=
+    # dequant(W tile) @ x tile^T, one quantization group per K tile.
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        q = qw_desc.load([pid_n * BLOCK_N, k0 // 8])
+        x = x_desc.load([pid_m * BLOCK_M, k0])
+        s, o = _group_scales(s_ptr, o_ptr, (k0 // BLOCK_K) * stride_s_g, offs_n, n_mask, EVEN_N)
+        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype))
+        acc = tl.dot(w, tl.trans(_asm_k_order(x)), acc=acc)
+    mask = n_mask[:, None] & (offs_m < M)[None, :]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_n[:, None]
+    ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE)
+
+
+@triton.jit
 def _int4_dequant_kernel(
     qw_ptr,
     s_ptr,
@@ -684,6 +733,26 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
     return out.to(x.dtype) if mode == 1 else out
 
 
+def _tma_ok(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig, block_k: int) -> bool:
+    """Whether the TMA variant applies: sm_90+, 16-bit x, swap + asm, tiles of whole groups,
+    and rows that TMA can address (16-byte aligned bases and row strides)."""
+    return (
+        cfg.tma
+        and cfg.swap
+        and cfg.asm
+        and x.device.type == "cuda"
+        and x.dtype in _MAGIC
+        and torch.cuda.get_device_capability(x.device)[0] >= 9
+        and block_k == weight.group_size
+        and x.stride(1) == 1
+        and weight.qweight.stride(1) == 1
+        and all(
+            t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+            for t in (x, weight.qweight)
+        )
+    )
+
+
 def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
@@ -692,6 +761,33 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
+    if _tma_ok(x, weight, cfg, block_k):
+        _int4_mm_tma_kernel[(num_tiles, num_splits)](
+            TensorDescriptor.from_tensor(x, [cfg.block_m, block_k]),
+            TensorDescriptor.from_tensor(weight.qweight, [cfg.block_n, block_k // 8]),
+            weight.scales,
+            weight.offsets,
+            out,
+            ws,
+            locks,
+            m,
+            n,
+            k,
+            k_per_split,
+            num_splits,
+            weight.scales.stride(0),
+            out.stride(0),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=block_k,
+            GROUP_M=8,
+            MODE=mode,
+            NUM_STAGES=cfg.num_stages,
+            EVEN_N=n % cfg.block_n == 0,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return out.to(x.dtype) if mode == 1 else out
     _int4_mm_kernel[(num_tiles, num_splits)](
         x,
         weight.qweight,

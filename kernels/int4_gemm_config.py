@@ -31,8 +31,10 @@ class Int4GemmConfig:
     integer-to-float conversions) before interleaving to K order; ``swap`` computes
     ``(W x^T)^T``, the dequantized tile being the left ``tl.dot`` operand (registers);
     ``pipelined`` streams the packed words with ``tl.range(num_stages)`` instead of a
-    one-tile register prefetch; ``asm`` (fp16/bf16 x on CUDA, else ignored) multiplies the
-    raw codes, decoded two per instruction by inline PTX, and scales the tile's fp32 product.
+    one-tile register prefetch; ``asm`` (fp16/bf16 x on CUDA, else ignored) dequantizes by
+    inline PTX, two weights per LOP3 / HADD2 / HFMA2 (x read in the matching K order);
+    ``tma`` (with ``swap`` and ``asm``, sm_90+, tiles of one whole group) fetches the x and
+    weight tiles with the TMA engine (tensor descriptors) instead of per-thread loads.
     """
 
     strategy: str
@@ -47,6 +49,7 @@ class Int4GemmConfig:
     swap: bool = False
     pipelined: bool = False
     asm: bool = False
+    tma: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -73,10 +76,10 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     From the H200 sweeps of 2026-11-29 (Llama-3-8B shapes, group 128; BENCHMARKS.md, "INT4
     GEMM"): M = 1 gemv with many one-warp programs of 32 outputs (split-K 8 for the wide
     gate_up weight, 32 for the deep down weight, else 16); M <= 16 the mm kernel 16 x 64 with
-    inline-PTX dequantization (magic-number in registers where PTX does not apply), swapped
-    operands and pipelined weight loads, split-K 8 (N <= 4096) or 4; M <= 64 the magic mm
-    kernel 64 x 32 split-K 4 (N <= 4096), 64 x 64 split-K 4 pipelined (N <= 8192), 64 x 128
-    unsplit pipelined with inline PTX (wider); above, dequantize + cuBLAS was fastest.
+    swapped operands, inline-PTX dequantization and TMA tile loads (magic-number dequantization
+    and pointer loads where those do not apply), split-K 8 (4 for wide weights); M <= 64 the
+    same kernel 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); above, dequantize
+    + cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
@@ -86,18 +89,14 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
             "gemv", block_n=32, block_k=256, split_k=split, num_warps=1, num_stages=2
         )
     small = n <= 8192
+    # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
+    tma = {"magic": True, "swap": True, "pipelined": True, "asm": True, "tma": True}
     if m <= 16:
-        split = _pow2_split(8 if n <= 4096 else 4, k, block_k, 8)
         return Int4GemmConfig(
-            "mm", 16, 64, block_k, split, 4, 3, magic=True, swap=True, pipelined=True, asm=True
+            "mm", 16, 64, block_k, _pow2_split(8 if small else 4, k, block_k, 8), 4, 3, **tma
         )
     if m <= 64:
-        if n <= 4096:
-            return Int4GemmConfig(
-                "mm", 64, 32, block_k, _pow2_split(4, k, block_k, 4), 4, 3, magic=True
-            )
         if small:
-            split = _pow2_split(4, k, block_k, 4)
-            return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, magic=True, pipelined=True)
-        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, magic=True, pipelined=True, asm=True)
+            return Int4GemmConfig("mm", 64, 64, block_k, _pow2_split(4, k, block_k, 4), 4, 3, **tma)
+        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, **tma)
     return Int4GemmConfig("dequant")

@@ -193,6 +193,8 @@ GPU_CONFIGS = [
     Int4GemmConfig("mm", 16, 64, 128, split_k=4, swap=True, pipelined=True, asm=True),
     Int4GemmConfig("mm", 64, 32, 128, split_k=2, pipelined=True, asm=True),
     Int4GemmConfig("mm", 128, 128, 64, num_warps=8, num_stages=3, pipelined=True, asm=True),
+    Int4GemmConfig("mm", 16, 64, 128, split_k=4, swap=True, pipelined=True, asm=True, tma=True),
+    Int4GemmConfig("mm", 64, 64, 128, split_k=1, swap=True, pipelined=True, asm=True, tma=True),
 ]
 
 
@@ -203,7 +205,7 @@ GPU_CONFIGS = [
     GPU_CONFIGS,
     ids=lambda c: (
         f"{c.strategy}{c.block_m}x{c.block_n}"
-        + "".join(f"-{f}" for f in ("magic", "swap", "pipelined", "asm") if getattr(c, f))
+        + "".join(f"-{f}" for f in ("magic", "swap", "pipelined", "asm", "tma") if getattr(c, f))
     ),
 )
 def test_strategies_bf16(config, group_size):
@@ -215,11 +217,13 @@ def test_strategies_bf16(config, group_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("swap", [False, True])
-def test_asm_dequant_fp16(swap):
+@pytest.mark.parametrize("swap, tma", [(False, False), (True, False), (True, True)])
+def test_asm_dequant_fp16(swap, tma):
     # The inline-PTX dequantization has its own fp16 code (f16x2, bias 1024); bf16 above.
     weight = random_weight(512 + 16, 1024, 128, seed=3)
-    config = Int4GemmConfig("mm", 16, 64, 128, split_k=2, swap=swap, pipelined=True, asm=True)
+    config = Int4GemmConfig(
+        "mm", 16, 64, 128, split_k=2, swap=swap, pipelined=True, asm=True, tma=tma
+    )
     for m in (1, 16, 40):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.float16)
         out = int4_gemm(x, weight, config=config)
