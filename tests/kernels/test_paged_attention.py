@@ -244,6 +244,25 @@ def test_decode_variants_llama_heads(kv_heads, fused, splits, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("splits", [2, 4, 8])
+def test_decode_one_warp_fused_merge(splits):
+    """The default for batch 16 x 8 KV heads: one-warp programs, splits merged by the last."""
+    seqs = [
+        (int(n), 1)
+        for n in torch.randint(1, 2100, (16,), generator=torch.Generator().manual_seed(splits))
+    ]
+    batch = make_batch(seqs, 32, 8, 128, torch.bfloat16)
+    scale = 128**-0.5
+    out = torch.empty_like(batch.query)
+    for _ in range(2):  # the ticket buffer is left clean for the next launch
+        _launch_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens,
+            batch.block_tables, scale, None, out, splits, DecodeConfig(32, 1, 6, fused_merge=True),
+        )  # fmt: skip
+        assert_close(out, paged_attention_ref(*batch.args(scale)), torch.bfloat16, f"x{splits}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("splits", [9, 16, 32])
 def test_decode_merge_as_dependent_launch(splits):
     """The merge kernel launched as a programmatic dependent of the split kernel (sm_90+; a
