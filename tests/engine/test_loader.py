@@ -166,13 +166,13 @@ def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def type_for(gguf_name: str) -> QType:
+def type_for(gguf_name: str, types: dict[str, QType] = TYPE_OF) -> QType:
     module = gguf_name.split(".")[-2]  # blk.0.attn_q.weight -> attn_q; output.weight -> output
-    return TYPE_OF.get(module, QType.F32)
+    return types.get(module, QType.F32)
 
 
-def write_tiny_gguf(path, model, arch: str) -> None:
-    """Write ``model`` the way llama.cpp's converter would, with the TYPE_OF tensor types."""
+def write_tiny_gguf(path, model, arch: str, types: dict[str, QType] = TYPE_OF) -> None:
+    """Write ``model`` the way llama.cpp's converter would, with the ``types`` tensor types."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
@@ -202,7 +202,7 @@ def write_tiny_gguf(path, model, arch: str) -> None:
             values = llama_cpp_permute(values, config.num_attention_heads)
         if arch == "llama" and ".attn_k." in name:
             values = llama_cpp_permute(values, config.num_key_value_heads)
-        qtype = type_for(name) if values.ndim == 2 else QType.F32
+        qtype = type_for(name, types) if values.ndim == 2 else QType.F32
         if qtype == QType.F16:
             writer.add_tensor(name, values.astype(np.float16))
         elif qtype == QType.F32:
@@ -261,6 +261,40 @@ def test_tiny_gguf_equals_transformers(tiny_gguf):
     assert_config_matches(files.hf_config, reference.config)
     assert files.hf_config["architectures"] == [type(model).__name__]
     assert files.hf_config["attention_bias"] == (type(model).__name__ == "Qwen2ForCausalLM")
+
+
+@pytest.mark.gpu
+def test_q4_1_gguf_stays_packed_on_cuda_and_generates_as_on_cpu(tmp_path):
+    """A GGUF whose linears are all Q4_1 (as the default model's mostly are): on CUDA they
+    load packed into Int4Linear (the fused qkv and gate_up too) and run on the INT4 kernel;
+    greedy tokens equal the CPU path's, which dequantizes at load."""
+    import transformers
+
+    from engine.llm import LLM
+    from engine.quant.int4_linear import Int4Linear
+    from engine.sampling_params import SamplingParams
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.uniform_(-1, 1)
+    path = tmp_path / "q4_1.gguf"
+    linears = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    write_tiny_gguf(path, model.eval(), "llama", {**TYPE_OF, **dict.fromkeys(linears, QType.Q4_1)})
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [[1, 5, 9, 33, 120], [1, 200, 17]]
+    tokens = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(str(path), device=device, dtype="float32", kv_cache_memory_bytes=1 << 24)
+        assert llm.engine.weight_format == ("gguf-q4_1" if device == "cuda" else "dense")
+        if device == "cuda":
+            layer = llm.engine.runner.model.layers[0]
+            for module in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                assert isinstance(module, Int4Linear), type(module)
+        outs = llm.generate(prompts, params)
+        tokens[device] = [list(o.outputs[0].token_ids) for o in outs]
+    assert tokens["cuda"] == tokens["cpu"]
 
 
 def test_gguf_with_unsupported_architecture_raises(tmp_path):
