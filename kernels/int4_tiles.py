@@ -281,24 +281,14 @@ def _dequant_asm(q, s, o):
     qq = tl.join(q, q)
     ss = tl.broadcast_to(tl.join(s, s)[:, None, :], qq.shape)
     oo = tl.broadcast_to(tl.join(o, o)[:, None, :], qq.shape)
-    if s.dtype == tl.bfloat16:
-        p0, p1, p2, p3 = tl.inline_asm_elementwise(
-            asm=_DEQUANT_PTX_BF16,
-            constraints="=r,=r,=r,=r,r,r,r,r",
-            args=[qq, ss, oo],
-            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
-            is_pure=True,
-            pack=2,
-        )
-    else:
-        p0, p1, p2, p3 = tl.inline_asm_elementwise(
-            asm=_DEQUANT_PTX_F16,
-            constraints="=r,=r,=r,=r,r,r,r,r",
-            args=[qq, ss, oo],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True,
-            pack=2,
-        )
+    p0, p1, p2, p3 = tl.inline_asm_elementwise(
+        asm=_DEQUANT_PTX_BF16 if s.dtype == tl.bfloat16 else _DEQUANT_PTX_F16,
+        constraints="=r,=r,=r,=r,r,r,r,r",
+        args=[qq, ss, oo],
+        dtype=(s.dtype, s.dtype, s.dtype, s.dtype),
+        is_pure=True,
+        pack=2,
+    )
     # [R, W, 2 (nibble j or j + 4), a, b] with j = 2a + b, then pairs innermost: t = 2j + pair
     w = tl.join(tl.join(p0, p2), tl.join(p1, p3))
     w = tl.permute(w, (0, 1, 3, 4, 2))
