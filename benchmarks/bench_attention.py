@@ -8,9 +8,13 @@ placed in random order in the cache.
 - prefill, 8 x 2048 and 1 x 8192 causal: TFLOP/s against the bf16 8192^3 matmul rate, and
   SDPA's flash backend on the same shapes.
 
-Each case also checks our output against SDPA's. ``--sweep`` adds a sweep of the decode-only
-kernel under a CUDA graph (KV heads per program, tiles, splits, merge kernel or fused merge) at
-context 8192 and at batch 16 x 512/2048 and 64 x 2048, and of prefill tiles at both shapes.
+Decode is timed three ways: eager calls, one CUDA-graph replay with L2 flushed before it, and
+layered (L calls back to back in one graph, each on its own cache, as a many-layer decode step
+runs them). Each case also checks our output against SDPA's. ``--sweep`` adds a layered sweep
+of the decode-only kernel (KV heads per program, tiles, splits, merge kernel plain, as a
+programmatic dependent launch or fused) at batch 1 and 16 x 512/2048/8192 and 64 x 2048, and
+of prefill tiles at both shapes. ``benchmarks/bench_decode_tiles.py`` compares warps per
+program.
 
     python benchmarks/bench_attention.py [--sweep] [--out results.json]
 """
@@ -84,6 +88,16 @@ def bench_layers_us(fns) -> float:
 def num_layers(kv_bytes: int) -> int:
     """Back-to-back calls for the layered timing: >= 512 MB read in all, 2 to 32 calls."""
     return max(2, min(32, -(-LAYERED_BYTES // kv_bytes)))
+
+
+def decode_fns(caches, query, seq_lens, tables, out, splits: int, config: DecodeConfig) -> list:
+    """One decode-only launch per (key, value) cache, for ``bench_layers_us``."""
+    return [
+        lambda kc=kc, vc=vc: _launch_decode(
+            query, kc, vc, seq_lens, tables, SCALE, None, out, splits, config
+        )
+        for kc, vc in caches
+    ]
 
 
 def copy_bandwidth() -> float:
@@ -165,17 +179,15 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
                     (2, (16, 4, 6)), (2, (32, 4, 3)), (4, (16, 4, 3))]  # fmt: skip
         split_counts = [1, 2, 4, 8] if batch >= 16 else [8, 16, 32, 64]
         for kv_heads, tiles in variants:
-            for splits in split_counts:
+            counts = split_counts
+            if (kv_heads, tiles) == variants[0]:  # the default tiles: every merge at 4-64 splits
+                counts = sorted({*split_counts, 4, 8, 16, 32, 64})
+            for splits in counts:
                 merges = [("M", False, False), ("PDL", False, True)]
                 merges += [("F", True, False)] if 1 < splits <= 8 else []
                 for tag, fused, pdl in merges if splits > 1 else [("-", False, False)]:
                     config = DecodeConfig(*tiles, 4, kv_heads, fused, pdl)
-                    fns = [
-                        lambda kc=kc, vc=vc, s=splits, c=config: _launch_decode(
-                            query, kc, vc, seq_lens, tables, SCALE, None, out, s, c
-                        )
-                        for kc, vc in caches
-                    ]
+                    fns = decode_fns(caches, query, seq_lens, tables, out, splits, config)
                     key = f"kv{kv_heads}-tiles{tiles}-splits{splits}-{tag}"
                     try:
                         row["sweep"][key] = bench_layers_us(fns)
@@ -186,9 +198,8 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
 
 def layered_case(row, args, k, v, q, out, kv_bytes: int, copy_bytes_per_s: float) -> list:
     """Add the layered timing (``bench_layers_us``) of ours and SDPA to ``row``, each call
-    on its own copy of the cache; split shapes also time their split counts with the merge
-    kernel launched plainly or as a programmatic dependent (PDL), and the fused merge."""
-    query, key_cache, value_cache, _, seq_lens, tables = args[:6]
+    on its own copy of the cache; returns the caches [(key, value)] for the sweep."""
+    query, key_cache, value_cache = args[:3]
     layers = num_layers(kv_bytes)
     caches = [(key_cache, value_cache)] + [
         (torch.randn_like(key_cache), torch.randn_like(value_cache)) for _ in range(layers - 1)
@@ -212,22 +223,6 @@ def layered_case(row, args, k, v, q, out, kv_bytes: int, copy_bytes_per_s: float
             kv_bytes / (row[f"layered_{name}_us"] * 1e-6) / (copy_bytes_per_s)
         )
     row["layered_ours_over_sdpa"] = row["layered_ours_us"] / row["layered_sdpa_us"]
-    if row["num_kv_splits"] > 1:
-        row["layered_splits"] = {}
-        for splits in (4, 8, 16, 32, 64):
-            variants = [("M", False, False), ("PDL", False, True)]
-            variants += [("F", True, False)] if splits <= 8 else []
-            for tag, fused, pdl in variants:
-                config = DecodeConfig(32, 4, 6, merge_block_h=4, fused_merge=fused, pdl=pdl)
-                fns = [
-                    lambda kc=kc, vc=vc, s=splits, c=config: _launch_decode(
-                        query, kc, vc, seq_lens, tables, SCALE, None, out, s, c
-                    )
-                    for kc, vc in caches
-                ]
-                row["layered_splits"][f"{splits}-{tag}"] = bench_layers_us(fns)
-        print("    layered split variants (us):",
-              json.dumps({k: round(v, 1) for k, v in row["layered_splits"].items()}))  # fmt: skip
     return caches
 
 

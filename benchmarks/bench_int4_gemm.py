@@ -124,7 +124,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     of ``tl.dot``), tl.range-pipelined weight loads (Int4GemmConfig's docstring)."""
     out: list[Int4GemmConfig] = []
     mm = Int4GemmConfig
-    TMA = {"swap": True, "pipelined": True, "asm": True, "tma": True}  # noqa: N806
+    tma = {"swap": True, "pipelined": True, "asm": True, "tma": True}
     if m == 1:
         # (outputs per program, K per loop step, warps, splits): many small programs, each
         # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md).
@@ -132,7 +132,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
             out.append(Int4GemmConfig("gemv", 16, 32, 256, split, 1, 2))
         for bn, split in [(64, 8), (64, 16), (128, 8), (32, 16)]:
             out.append(mm("mm", 16, bn, 128, split, 4, 3, swap=True, pipelined=True, asm=True))
-            out.append(mm("mm", 16, bn, 128, split, 4, 3, **TMA))
+            out.append(mm("mm", 16, bn, 128, split, 4, 3, **tma))
     if 1 < m <= 16:
         for split in (4, 8):
             out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
@@ -142,7 +142,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
         out.append(mm("mm", 16, 64, 128, 8, 4, 3, pipelined=True, asm=True))
         for bn, split, stages in [(64, 4, 3), (64, 8, 3), (64, 16, 3), (64, 8, 4), (64, 8, 6),
                                   (128, 4, 3), (128, 8, 4), (32, 8, 4), (32, 16, 4)]:  # fmt: skip
-            out.append(mm("mm", 16, bn, 128, split, 4, stages, **TMA))
+            out.append(mm("mm", 16, bn, 128, split, 4, stages, **tma))
     if m == 64:
         out.append(mm("mm", 64, 32, 128, 4, 4, 3, magic=True))
         out.append(mm("mm", 64, 64, 128, 4, 4, 3, magic=True, pipelined=True))
@@ -153,7 +153,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
             out.append(mm("mm", 64, bn, 128, split, 4, 3, swap=True, pipelined=True, asm=True))
         for bn, split, stages in [(64, 1, 3), (64, 2, 3), (64, 4, 3), (64, 4, 4), (128, 1, 3),
                                   (128, 2, 3), (128, 1, 4)]:  # fmt: skip
-            out.append(mm("mm", 64, bn, 128, split, 4, stages, **TMA))
+            out.append(mm("mm", 64, bn, 128, split, 4, stages, **tma))
     if m >= 64:
         out.append(Int4GemmConfig("dequant"))
     if m >= 256:

@@ -274,7 +274,7 @@ def _mm_step(
     SWAP: tl.constexpr,
     EVEN_N,
     EVEN_K,
-    ASM: tl.constexpr = False,
+    ASM: tl.constexpr,
 ):
     """acc += x[:, k0:k0+BLOCK_K] @ dequant(q)^T (acc [BM, BN]), or its transpose with SWAP
     (acc [BN, BM]: the dequantized weight is the left operand, kept in registers).

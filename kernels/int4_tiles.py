@@ -241,25 +241,17 @@ def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE:
 # in the two halves, exact; (a & b) | c is truth table 0xEA), c - MAGIC x 2 (n, exact), then
 # n * s + o rounded once. $4 is the word ($5, its copy from the pack of two, is unused), $6
 # the pair (s, s), $7 the pair (o, o).
-_DEQUANT_PTX_TEMPLATE = """{
-.reg .b32 t, c, m;
-mov.b32 m, MAGIC;
-lop3.b32 c, $4, 0x000F000F, m, 0xEA;
-sub.TYPE c, c, m;
-fma.rn.TYPE $0, c, $6, $7;
-shr.u32 t, $4, 4;
-lop3.b32 c, t, 0x000F000F, m, 0xEA;
-sub.TYPE c, c, m;
-fma.rn.TYPE $1, c, $6, $7;
-shr.u32 t, $4, 8;
-lop3.b32 c, t, 0x000F000F, m, 0xEA;
-sub.TYPE c, c, m;
-fma.rn.TYPE $2, c, $6, $7;
-shr.u32 t, $4, 12;
-lop3.b32 c, t, 0x000F000F, m, 0xEA;
-sub.TYPE c, c, m;
-fma.rn.TYPE $3, c, $6, $7;
-}"""
+_DEQUANT_PTX_TEMPLATE = (
+    "{\n.reg .b32 t, c, m;\nmov.b32 m, MAGIC;\n"
+    + "".join(
+        (f"shr.u32 t, $4, {4 * j};\n" if j else "")
+        + f"lop3.b32 c, {'t' if j else '$4'}, 0x000F000F, m, 0xEA;\n"
+        + "sub.TYPE c, c, m;\n"
+        + f"fma.rn.TYPE ${j}, c, $6, $7;\n"
+        for j in range(4)
+    )
+    + "}"
+)
 _DEQUANT_PTX_BF16 = tl.constexpr(
     _DEQUANT_PTX_TEMPLATE.replace("MAGIC", "0x43004300").replace("TYPE", "bf16x2")
 )

@@ -766,7 +766,7 @@ _MAX_FUSED_SPLITS = 8
 
 def _pick_decode_config(
     device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
-    head_dim: int, num_kv_splits: int, num_seqs: int = 1,
+    head_dim: int, num_kv_splits: int, num_seqs: int,
 ) -> DecodeConfig:  # fmt: skip
     if device.type != "cuda":  # the interpreter pays per program: merge a token in one
         return DecodeConfig(16, 4, 1, merge_block_h=_next_pow2(num_heads))

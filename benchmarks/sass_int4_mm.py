@@ -1,0 +1,102 @@
+"""Instructions per K step of the INT4 ``mm`` kernels, compiled for sm_90 on any machine.
+
+No GPU needed: Triton compiles the kernel for an H100/H200 target with its bundled ptxas, and
+``cuobjdump`` (shipped with Triton) disassembles it. The main loop is the smallest backward
+branch around the ``HGMMA`` instructions; the script prints its length and its most frequent
+opcodes. Indicative only: the device may run another Triton version.
+
+Variants (16 x 64 tile, K step 128, bf16, 4 warps, 3 stages, swapped operands, pipelined):
+``magic`` (magic-number decode, pointer loads), ``asm`` (inline-PTX decode, pointer loads),
+``tma`` (inline-PTX decode, TMA tile loads).
+
+    python benchmarks/sass_int4_mm.py [magic asm tma]
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels.int4_gemm import _int4_mm_kernel, _int4_mm_tma_kernel
+
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 128
+ALIGNED = ["N", "K", "k_per_split", "stride_s_g", "stride_out_m", "group_size", "stride_x_m",
+           "stride_qw_n"]  # fmt: skip
+
+
+def compile_variant(variant: str) -> bytes:
+    """The sm_90 cubin of one variant, with the launcher's 16-divisibility hints."""
+    common = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "GROUP_M": 8,
+              "MODE": 2, "NUM_STAGES": 3, "EVEN_N": True}  # fmt: skip
+    signature = {"s_ptr": "*bf16", "o_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+                 "lock_ptr": "*i32"}  # fmt: skip
+    if variant == "tma":
+        kernel = _int4_mm_tma_kernel
+        signature["x_desc"] = f"tensordesc<bf16[{BLOCK_M}, {BLOCK_K}]>"
+        signature["qw_desc"] = f"tensordesc<i32[{BLOCK_N}, {BLOCK_K // 8}]>"
+        ints = ["M", "N", "K", "k_per_split", "num_splits", "stride_s_g", "stride_out_m"]
+        constexprs = common
+    else:
+        kernel = _int4_mm_kernel
+        signature.update({"x_ptr": "*bf16", "qw_ptr": "*i32"})
+        ints = ["M", "N", "K", "group_size", "k_per_split", "num_splits", "stride_x_m",
+                "stride_qw_n", "stride_s_g", "stride_out_m"]  # fmt: skip
+        constexprs = {**common, "IEEE": False, "MAGIC_DQ": variant == "magic", "SWAP": True,
+                      "PIPELINED": True, "EVEN_K": True, "ASM": variant == "asm"}  # fmt: skip
+    signature.update(dict.fromkeys(ints, "i32"))
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    names = list(kernel.arg_names)
+    signature = {n: signature[n] for n in names}  # in argument order, as Triton reads it
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n in names
+        if n in ALIGNED or signature.get(n, "").startswith("*")
+    }
+    source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}
+    )
+    return compiled.asm["cubin"]
+
+
+def main_loop(cubin: bytes) -> list[str]:
+    """Opcodes of the smallest loop (backward branch) that contains an HGMMA."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    insts = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
+    ]
+    loops = []
+    for addr, text in insts:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any(t.split()[0].startswith("HGMMA") or " HGMMA" in t for t in body):
+                loops.append(body)
+    if not loops:
+        raise SystemExit("no loop around an HGMMA found")
+    body = min(loops, key=len)
+    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
+
+
+def main() -> None:
+    for variant in sys.argv[1:] or ["magic", "asm", "tma"]:
+        ops = main_loop(compile_variant(variant))
+        top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(12))
+        print(f"{variant}: {len(ops)} instructions per K step of {BLOCK_K} ({top})")
+
+
+if __name__ == "__main__":
+    main()
