@@ -6,9 +6,10 @@ timed decoding at each batch size; then every decoder linear layer is swapped fo
 embeddings and the LM head stay bf16, as in GPTQ checkpoints) and the same decode is timed
 again. Decode tokens/s counts the steps after every prompt has its first token; each timed
 pass follows an untimed one of the same shape (Triton compiles per shape). Also prints the
-weight memory of both forms. The engine runs eagerly (no CUDA graphs).
+weight memory of both forms. Decode steps replay from CUDA graphs, as the engine's default;
+``--enforce-eager`` times eager launches instead.
 
-    python3 benchmarks/bench_int4_decode.py [--shape 8b] [--batches 1,32]
+    python3 benchmarks/bench_int4_decode.py [--shape 8b] [--batches 1,32] [--enforce-eager]
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--num-decode", type=int, default=64)
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -65,7 +67,7 @@ def main() -> None:
     model_dir = write_model_dir(args.shape, Path(tempfile.mkdtemp(prefix="int4-decode-")))
     config = EngineConfig(
         model=str(model_dir), dtype="bfloat16", device="cuda", load_format="dummy",
-        max_model_len=2048, gpu_memory_utilization=0.6,
+        max_model_len=2048, gpu_memory_utilization=0.6, enforce_eager=args.enforce_eager,
     )  # fmt: skip
     start = time.perf_counter()
     engine = LLMEngine(config)
@@ -78,6 +80,7 @@ def main() -> None:
         for form in ("bf16", "int4"):
             if form == "int4":
                 print(f"swapped {swap_to_int4(model)} linear layers to INT4", flush=True)
+                engine.runner.reset_cuda_graphs()  # the graphs hold the bf16 layers' launches
             sizes[form] = weight_bytes(model)
             rates[form] = {}
             for batch in batches:
@@ -89,7 +92,9 @@ def main() -> None:
     finally:
         engine.shutdown()
 
-    print(f"\n{args.shape}-shaped model, prompt {args.prompt_len}, {args.num_decode} decode steps")
+    mode = "eager launches" if args.enforce_eager else "CUDA graphs"
+    print(f"\n{args.shape}-shaped model, prompt {args.prompt_len}, {args.num_decode} decode steps,")
+    print(mode)
     print(f"weights: bf16 {sizes['bf16'] / 1e9:.2f} GB, int4 {sizes['int4'] / 1e9:.2f} GB")
     print("| batch | bf16 tok/s | int4 tok/s | int4 / bf16 |")
     print("|---|---|---|---|")

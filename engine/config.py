@@ -25,7 +25,8 @@ class EngineConfig:
     ``model=None`` is the embedded default model. ``dtype="auto"`` is float32 on CPU and
     bfloat16 on CUDA. ``max_model_len=None`` takes the model's own limit. The KV cache size is
     ``kv_cache_memory_bytes`` when given, else ``gpu_memory_utilization`` of the GPU's memory
-    on CUDA (minus what the model took), else 1 GiB on CPU.
+    on CUDA (minus what the model took), else 1 GiB on CPU. On CUDA, decode steps replay
+    from CUDA graphs (``engine/cuda_graph.py``) unless ``enforce_eager`` is set.
     """
 
     model: str | None = None
@@ -39,7 +40,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     seed: int = 0
-    enforce_eager: bool = True
+    enforce_eager: bool = False
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "dummy": random weights, nothing read (benchmarks)
 

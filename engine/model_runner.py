@@ -14,6 +14,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
+from engine.cuda_graph import DecodeGraphs
 from engine.distributed import TensorParallel
 from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
@@ -22,6 +23,20 @@ from engine.ops import Ops, ops_for_device
 from engine.scheduler import SchedulerOutput
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class _Step:
+    """One step's tokens flattened, as host lists (``ModelRunner.flatten``)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    starts: list[int]  # query_start_loc
+    seq_lens: list[int]
+    tables: list[list[int]]
+    logit_rows: list[int]
+    max_query_len: int
 
 
 class ModelRunner:
@@ -57,51 +72,81 @@ class ModelRunner:
             )
             for _ in range(model.config.num_hidden_layers)
         ]
+        self.graphs: DecodeGraphs | None = None  # enable_cuda_graphs
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Replay decode steps of up to ``max_num_seqs`` sequences from CUDA graphs
+        (``engine.cuda_graph``); on CPU and under tensor parallelism steps stay eager."""
+        if self.device.type != "cuda" or self.tp.is_enabled:
+            return
+        from kernels.paged_attention import default_num_kv_splits
+
+        kv_heads = self.model.num_local_kv_heads
+
+        def num_splits(num_seqs: int, max_seq_len: int) -> int:
+            return default_num_kv_splits(num_seqs, kv_heads, 1, max_seq_len, self.device)
+
+        self.graphs = DecodeGraphs(
+            self._logits_all_rows, num_splits, self.device, max_num_seqs,
+            -(-max_model_len // self.block_size),
+        )  # fmt: skip
+
+    def reset_cuda_graphs(self) -> None:
+        """Drop the captured graphs (after swapping modules, say); later steps capture anew."""
+        if self.graphs is not None:
+            self.graphs.clear()
+
+    def flatten(self, sched: SchedulerOutput) -> _Step:
+        """The step's tokens, flattened, as host lists."""
+        bs = self.block_size
+        step = _Step([], [], [], [0], [], [], [], max(n for _, n in sched.scheduled))
+        for req, num_new in sched.scheduled:
+            start = req.num_computed_tokens
+            end = start + num_new
+            step.input_ids.extend(req.all_token_ids[start:end])
+            step.positions.extend(range(start, end))
+            block_ids = req.block_ids
+            step.slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            step.starts.append(step.starts[-1] + num_new)
+            step.seq_lens.append(end)
+            step.tables.append(block_ids)
+            if end == req.num_tokens:
+                step.logit_rows.append(step.starts[-1] - 1)
+        return step
 
     def prepare(
         self, sched: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the step's tokens; returns input_ids, positions, metadata, logit rows."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        logit_rows: list[int] = []
-        for req, num_new in sched.scheduled:
-            start = req.num_computed_tokens
-            end = start + num_new
-            tokens = req.all_token_ids
-            input_ids.extend(tokens[start:end])
-            positions.extend(range(start, end))
-            block_ids = req.block_ids
-            slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            starts.append(starts[-1] + num_new)
-            seq_lens.append(end)
-            tables.append(block_ids)
-            if end == req.num_tokens:
-                logit_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
+        step = self.flatten(sched)
+        width = max(len(t) for t in step.tables)
+        padded = [t + [0] * (width - len(t)) for t in step.tables]
         dev = self.device
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(step.starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(step.seq_lens, dtype=torch.int32, device=dev),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            max_query_len=max(n for _, n in sched.scheduled),
-            max_seq_len=max(seq_lens),
+            slot_mapping=torch.tensor(step.slots, dtype=torch.int64, device=dev),
+            max_query_len=step.max_query_len,
+            max_seq_len=max(step.seq_lens),
         )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        return ids, pos, meta, logit_rows
+        ids = torch.tensor(step.input_ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(step.positions, dtype=torch.long, device=dev)
+        return ids, pos, meta, step.logit_rows
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the step; float32 logits [num_sampling_rows, vocab] for the requests that sample
         (those whose scheduled tokens reach the end of their known tokens), in batch order."""
+        if self.graphs is not None and all(n == 1 for _, n in sched.scheduled):
+            step = self.flatten(sched)
+            size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
+            if size is not None:
+                logits = self.graphs.run(
+                    step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
+                )
+                rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
+                return logits[rows]
         ids, pos, meta, logit_rows = self.prepare(sched)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         if self.tp.is_enabled:
@@ -123,6 +168,13 @@ class ModelRunner:
         """Rank 0: end the other ranks' ``execute_remote`` loops."""
         if self.tp.is_enabled:
             self.tp.send_shutdown()
+
+    def _logits_all_rows(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        logits = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta, self.ops))
+        assert logits is not None  # no tensor parallelism here
+        return logits
 
     def _forward(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor

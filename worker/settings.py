@@ -27,7 +27,7 @@ class WorkerSettings(ProducerSettings):
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    enforce_eager: bool = True
+    enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch eagerly)
     seed: int = 0
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs of one model (ranks)")
     # Celery and delivery

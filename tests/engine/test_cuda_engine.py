@@ -48,3 +48,24 @@ def test_cuda_bf16_runs_to_the_requested_lengths(tiny_dir):
     gpu = LLM(model=str(tiny_dir), device="cuda", dtype="bfloat16", max_num_batched_tokens=64)
     outs = gpu.generate(prompts, params)
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+
+
+def test_cuda_graph_decode_equals_eager(tiny_dir):
+    """Decode steps replayed from CUDA graphs (the default) give the eager launches' greedy
+    tokens: batches shrink 8 -> 1 as requests finish (padded to 8, 4, 2, 1), and contexts up to
+    500 positions change the decode kernel's KV split count, a separate graph each."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist()
+               for n in (3, 40, 200, 9, 420, 120, 64, 17)]  # fmt: skip
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in (60, 5, 70, 33, 80, 12, 45, 21)]  # fmt: skip
+    args = dict(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=64 << 20)
+    eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
+    graphs = LLM(model=str(tiny_dir), device="cuda", **args)
+    assert eager.engine.runner.graphs is None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]
+    assert got == want
+    keys = set(graphs.engine.runner.graphs.graphs)
+    assert {size for size, _ in keys} >= {8, 4, 2, 1}, keys
+    assert len({splits for _, splits in keys}) >= 2, keys

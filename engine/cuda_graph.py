@@ -1,0 +1,138 @@
+"""CUDA graphs of decode steps: one replay instead of hundreds of kernel launches.
+
+A decode-only step (every scheduled sequence adds one token) is padded to the next capture
+size (vLLM's: 1, 2, 4, then multiples of 8 up to 512) and replayed from a graph captured the
+first time that (size, KV split count) is seen. Inputs live in static buffers the graph
+reads; padding rows write no cache slot (slot -1) and attend to nothing (``seq_len`` 0), so
+they cost a little compute and change no real row. Steps with prefill tokens, more sequences
+than the largest size, or tensor parallelism run eagerly, as does everything with
+``enforce_eager=True`` and everything on CPU.
+
+The split count of the decode attention kernel depends on the step's longest context, a host
+value baked into the graph, so it is part of the key: a graph is reused for any step of the
+same size whose longest context picks the same count.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import torch
+
+from engine.attention import AttentionMetadata
+
+CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """The padded batch sizes for an engine of ``max_num_seqs``: up to the first that holds it."""
+    sizes = []
+    for size in CAPTURE_SIZES:
+        sizes.append(size)
+        if size >= max_num_seqs:
+            break
+    return sizes
+
+
+# forward(input_ids, positions, meta) -> float32 logits for every row
+Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+class DecodeGraphs:
+    """Captured decode steps of one model runner, keyed by (padded size, KV splits).
+
+    ``num_splits(size, max_seq_len)`` is the decode kernel's split count for a step (the
+    launcher's own rule). Graphs share one memory pool; they replay one at a time on the
+    runner's stream.
+    """
+
+    def __init__(
+        self,
+        forward: Forward,
+        num_splits: Callable[[int, int], int],
+        device: torch.device,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+    ) -> None:
+        self.forward = forward
+        self.num_splits = num_splits
+        self.device = device
+        self.sizes = capture_sizes(max_num_seqs)
+        self.max_blocks_per_seq = max_blocks_per_seq
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def padded_size(self, num_seqs: int, table_width: int) -> int | None:
+        """The capture size a decode step of ``num_seqs`` runs at, or None (run it eagerly)."""
+        if num_seqs > self.sizes[-1] or table_width > self.max_blocks_per_seq:
+            return None
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        seq_lens: list[int],
+        tables: list[list[int]],
+        size: int,
+    ) -> torch.Tensor:
+        """Logits [size, vocab] of a decode step (rows past ``len(input_ids)`` are padding)."""
+        n = len(input_ids)
+        host = torch.zeros((4, size), dtype=torch.int64)
+        host[0, :n] = torch.tensor(input_ids)
+        host[1, :n] = torch.tensor(positions)
+        host[2].fill_(-1)
+        host[2, :n] = torch.tensor(slots)
+        host[3, :n] = torch.tensor(seq_lens)
+        table = torch.zeros((size, self.max_blocks_per_seq), dtype=torch.int32)
+        for i, row in enumerate(tables):
+            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        host = host.to(self.device, non_blocking=True)
+        self.input_ids[:size].copy_(host[0])
+        self.positions[:size].copy_(host[1])
+        self.slot_mapping[:size].copy_(host[2])
+        self.seq_lens[:size].copy_(host[3])
+        self.block_tables[:size].copy_(table.to(self.device, non_blocking=True))
+        max_seq_len = max(seq_lens)
+        key = (size, self.num_splits(size, max_seq_len))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(size, max_seq_len)
+        graph, logits = self.graphs[key]
+        graph.replay()
+        return logits
+
+    def clear(self) -> None:
+        """Drop every graph and their memory pool; later steps capture anew."""
+        self.graphs.clear()
+        self.pool = None  # a pool whose graphs are all freed cannot take a new capture
+
+    def _capture(self, size: int, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        meta = AttentionMetadata(
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            slot_mapping=self.slot_mapping[:size],
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+        )
+        ids, pos = self.input_ids[:size], self.positions[:size]
+        # One eager run first: Triton compiles and autotunes outside the capture. It computes
+        # this very step (its cache writes are the ones the replay repeats).
+        self.forward(ids, pos, meta)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        # thread_local: other threads (an engine loop's callers) may touch CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            logits = self.forward(ids, pos, meta)
+        return graph, logits
