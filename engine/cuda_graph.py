@@ -4,9 +4,11 @@ A decode-only step (every scheduled sequence adds one token) is padded to the ne
 size (vLLM's: 1, 2, 4, then multiples of 8 up to 512) and replayed from a graph captured the
 first time that (size, KV split count) is seen. Inputs live in static buffers the graph
 reads; padding rows write no cache slot (slot -1) and attend to nothing (``seq_len`` 0), so
-they cost a little compute and change no real row. Steps with prefill tokens, more sequences
-than the largest size, or tensor parallelism run eagerly, as does everything with
-``enforce_eager=True`` and everything on CPU.
+they cost a little compute and change no real row. The graph ends at the final hidden
+states; the LM head runs eagerly on the rows that sample (a graph's output stays allocated
+while the graph lives, and [size, vocab] float32 logits per graph would add up). Steps with
+prefill tokens, more sequences than the largest size, or tensor parallelism run eagerly, as
+does everything with ``enforce_eager=True`` and everything on CPU.
 
 The split count of the decode attention kernel depends on the step's longest context, a host
 value baked into the graph, so it is part of the key: a graph is reused for any step of the
@@ -35,7 +37,7 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-# forward(input_ids, positions, meta) -> float32 logits for every row
+# forward(input_ids, positions, meta) -> final hidden states [num_tokens, hidden_size]
 Forward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
@@ -85,7 +87,8 @@ class DecodeGraphs:
         tables: list[list[int]],
         size: int,
     ) -> torch.Tensor:
-        """Logits [size, vocab] of a decode step (rows past ``len(input_ids)`` are padding)."""
+        """Hidden states [size, hidden] of a decode step (rows past ``len(input_ids)`` are
+        padding), in the graph's output buffer: valid until the next replay."""
         n = len(input_ids)
         host = torch.zeros((4, size), dtype=torch.int64)
         host[0, :n] = torch.tensor(input_ids)
@@ -106,9 +109,9 @@ class DecodeGraphs:
         key = (size, self.num_splits(size, max_seq_len))
         if key not in self.graphs:
             self.graphs[key] = self._capture(size, max_seq_len)
-        graph, logits = self.graphs[key]
+        graph, hidden = self.graphs[key]
         graph.replay()
-        return logits
+        return hidden
 
     def clear(self) -> None:
         """Drop every graph and their memory pool; later steps capture anew."""
@@ -134,5 +137,5 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         # thread_local: other threads (an engine loop's callers) may touch CUDA meanwhile.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            logits = self.forward(ids, pos, meta)
-        return graph, logits
+            hidden = self.forward(ids, pos, meta)
+        return graph, hidden

@@ -87,7 +87,7 @@ class ModelRunner:
             return default_num_kv_splits(num_seqs, kv_heads, 1, max_seq_len, self.device)
 
         self.graphs = DecodeGraphs(
-            self._logits_all_rows, num_splits, self.device, max_num_seqs,
+            self._hidden_states, num_splits, self.device, max_num_seqs,
             -(-max_model_len // self.block_size),
         )  # fmt: skip
 
@@ -142,11 +142,13 @@ class ModelRunner:
             step = self.flatten(sched)
             size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
             if size is not None:
-                logits = self.graphs.run(
+                hidden = self.graphs.run(
                     step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
                 )
                 rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
-                return logits[rows]
+                logits = self.model.compute_logits(hidden[rows])
+                assert logits is not None  # no tensor parallelism here
+                return logits
         ids, pos, meta, logit_rows = self.prepare(sched)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
         if self.tp.is_enabled:
@@ -169,12 +171,10 @@ class ModelRunner:
         if self.tp.is_enabled:
             self.tp.send_shutdown()
 
-    def _logits_all_rows(
+    def _hidden_states(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        logits = self.model.compute_logits(self.model(ids, pos, self.kv_caches, meta, self.ops))
-        assert logits is not None  # no tensor parallelism here
-        return logits
+        return self.model(ids, pos, self.kv_caches, meta, self.ops)
 
     def _forward(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
