@@ -26,9 +26,14 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-# Decode splits the KV range only while the (sequence, KV head) programs fill less than one
-# wave of SMs, and into at most this many programs per SM (tuned on the H200: BENCHMARKS.md).
+# Decode splits the KV range until the (sequence, KV head) programs number more than
+# _MIN_PROGRAMS_PER_SM per SM, then further while they stay within _SPLIT_PROGRAMS_PER_SM per
+# SM and each split keeps _LONG_SPLIT positions; no split is shorter than _MIN_SPLIT positions
+# (fitted on the H200 at batch 1-32 x context 512-8192: BENCHMARKS.md).
+_MIN_PROGRAMS_PER_SM = 1.5
 _SPLIT_PROGRAMS_PER_SM = 4
+_LONG_SPLIT = 512
+_MIN_SPLIT = 64
 _MAX_KV_SPLITS = 64
 
 
@@ -555,21 +560,27 @@ def default_num_kv_splits(
 ) -> int:
     """How many programs share one sequence's KV range when the launcher is not told.
 
-    Only decode-only steps on CUDA split, and only when the (sequence, KV head) programs are
-    fewer than the SMs. The count is the largest power of two whose square is at most
-    ``max_seq_len / programs`` (fitted on the H200: 8, 16, 32 splits for one sequence of 512,
-    2048, 8192 positions; 2, 4, 4 for 16 sequences), with at most ``_SPLIT_PROGRAMS_PER_SM``
-    programs per SM. Short splits cost fixed work per program, few splits leave SMs idle.
+    Only decode-only steps on CUDA split. With P = sequences x KV heads programs unsplit, the
+    count is the smallest power of two that makes more than 1.5 programs per SM, then doubled
+    while the programs stay at most 4 per SM and each split keeps 512 positions, and never so
+    many that a split gets fewer than 64 positions or more than 64 splits. On the H200 (132
+    SMs) that gives 8, 32, 32 splits for one sequence of 512, 2048, 8192 positions; 4 for 8
+    sequences of 512 (was 2: 14.8 against 16.8 us); 2, 4, 4 for 16 sequences of 512, 2048,
+    8192; 2 for 24 sequences of 2048 (was 1: 65.2 against 85.7 us); none from 64 sequences.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
     num_programs = num_seqs * num_kv_heads
     num_sms = _num_sms(device)
-    if num_programs >= num_sms:
-        return 1
-    max_splits = min(_SPLIT_PROGRAMS_PER_SM * num_sms // num_programs, _MAX_KV_SPLITS)
+    max_splits = max(1, min(max_seq_len // _MIN_SPLIT, _MAX_KV_SPLITS))
     splits = 1
-    while 2 * splits <= max_splits and (2 * splits) ** 2 * num_programs <= max_seq_len:
+    while 2 * splits <= max_splits and num_programs * splits <= _MIN_PROGRAMS_PER_SM * num_sms:
+        splits *= 2
+    while (
+        2 * splits <= max_splits
+        and num_programs * 2 * splits <= _SPLIT_PROGRAMS_PER_SM * num_sms
+        and max_seq_len // (2 * splits) >= _LONG_SPLIT
+    ):
         splits *= 2
     return splits
 
