@@ -52,13 +52,14 @@ def test_cuda_bf16_runs_to_the_requested_lengths(tiny_dir):
 
 def test_cuda_graph_decode_equals_eager(tiny_dir):
     """Decode steps replayed from CUDA graphs (the default) give the eager launches' greedy
-    tokens: batches shrink 8 -> 1 as requests finish (padded to 8, 4, 2, 1), and contexts up to
-    500 positions change the decode kernel's KV split count, a separate graph each."""
+    tokens: batches shrink 8 -> 1 as requests finish (padded to 8, 4, 2, 1), and the longest
+    context sets the decode kernel's KV split count, a graph each: the 300-token prompt, done
+    first, puts it at 4 splits, the short ones at 1 and later 2 as they grow past 128."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist()
-               for n in (3, 40, 200, 9, 420, 120, 64, 17)]  # fmt: skip
+               for n in (300, 60, 30, 7, 25, 40, 3, 18)]  # fmt: skip
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
-              for m in (60, 5, 70, 33, 80, 12, 45, 21)]  # fmt: skip
+              for m in (5, 95, 80, 65, 50, 35, 20, 10)]  # fmt: skip
     args = dict(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=64 << 20)
     eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
     graphs = LLM(model=str(tiny_dir), device="cuda", **args)
