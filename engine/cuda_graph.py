@@ -93,18 +93,19 @@ class DecodeGraphs:
         host = torch.zeros((4, size), dtype=torch.int64)
         host[0, :n] = torch.tensor(input_ids)
         host[1, :n] = torch.tensor(positions)
-        host[2].fill_(-1)
+        host[2].fill_(-1)  # padding rows must write no slot: a stale one may be live
         host[2, :n] = torch.tensor(slots)
-        host[3, :n] = torch.tensor(seq_lens)
-        table = torch.zeros((size, self.max_blocks_per_seq), dtype=torch.int32)
-        for i, row in enumerate(tables):
-            table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        host[3, :n] = torch.tensor(seq_lens)  # padding rows: 0, no key read
         host = host.to(self.device, non_blocking=True)
         self.input_ids[:size].copy_(host[0])
         self.positions[:size].copy_(host[1])
         self.slot_mapping[:size].copy_(host[2])
         self.seq_lens[:size].copy_(host[3])
-        self.block_tables[:size].copy_(table.to(self.device, non_blocking=True))
+        # Only the step's own rows and width: the kernels read a row's entries below its
+        # seq_len only, so what earlier steps left past them is never read.
+        width = max(map(len, tables))
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        self.block_tables[:n, :width].copy_(table.to(self.device, non_blocking=True))
         max_seq_len = max(seq_lens)
         key = (size, self.num_splits(size, max_seq_len))
         if key not in self.graphs:

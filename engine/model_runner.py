@@ -119,6 +119,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """Flatten the step's tokens; returns input_ids, positions, metadata, logit rows."""
         step = self.flatten(sched)
+        return (*self._tensors(step), step.logit_rows)
+
+    def _tensors(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         width = max(len(t) for t in step.tables)
         padded = [t + [0] * (width - len(t)) for t in step.tables]
         dev = self.device
@@ -132,25 +135,24 @@ class ModelRunner:
         )
         ids = torch.tensor(step.input_ids, dtype=torch.long, device=dev)
         pos = torch.tensor(step.positions, dtype=torch.long, device=dev)
-        return ids, pos, meta, step.logit_rows
+        return ids, pos, meta
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the step; float32 logits [num_sampling_rows, vocab] for the requests that sample
         (those whose scheduled tokens reach the end of their known tokens), in batch order."""
-        if self.graphs is not None and all(n == 1 for _, n in sched.scheduled):
-            step = self.flatten(sched)
+        step = self.flatten(sched)
+        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
+        if self.graphs is not None and step.max_query_len == 1:  # a decode-only step
             size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
             if size is not None:
                 hidden = self.graphs.run(
                     step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
                 )
-                rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
                 logits = self.model.compute_logits(hidden[rows])
                 assert logits is not None  # no tensor parallelism here
                 return logits
-        ids, pos, meta, logit_rows = self.prepare(sched)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        ids, pos, meta = self._tensors(step)
         if self.tp.is_enabled:
             self.tp.send_step(ids, pos, meta, rows)
         logits = self._forward(ids, pos, meta, rows)

@@ -29,3 +29,35 @@ def test_padded_size_is_the_smallest_capture_size_that_holds_the_step():
     assert graphs.padded_size(25, 1) is None  # more sequences than the largest graph: eager
     assert graphs.padded_size(4, 9) is None  # a block table wider than the static one: eager
     assert graphs.block_tables.shape == (24, 8)
+
+
+class _Replay:
+    """Stands in for a captured graph: records the static inputs at each replay."""
+
+    def __init__(self, graphs: DecodeGraphs) -> None:
+        self.graphs, self.seen = graphs, []
+
+    def replay(self) -> None:
+        g = self.graphs
+        self.seen.append((g.input_ids.clone(), g.positions.clone(), g.slot_mapping.clone(),
+                          g.seq_lens.clone(), g.block_tables.clone()))  # fmt: skip
+
+
+def test_run_fills_the_static_inputs_and_pads_with_no_slot_and_no_context():
+    graphs = DecodeGraphs(
+        forward=lambda *args: None, num_splits=lambda *args: 1, device=torch.device("cpu"),
+        max_num_seqs=8, max_blocks_per_seq=4,
+    )  # fmt: skip
+    replay = _Replay(graphs)
+    graphs.graphs[(4, 1)] = (replay, torch.zeros(4, 2))
+    graphs.run([5, 6, 7], [40, 17, 2], [641, 272, 35], [41, 18, 3], [[1, 2, 40], [17, 9], [2]], 4)
+    graphs.run([8, 9], [41, 18], [642, 273], [42, 19], [[1, 2, 40], [17, 9]], 4)
+    ids, pos, slots, lens, tables = replay.seen[0]
+    assert ids[:3].tolist() == [5, 6, 7] and pos[:3].tolist() == [40, 17, 2]
+    assert slots[:4].tolist() == [641, 272, 35, -1] and lens[:4].tolist() == [41, 18, 3, 0]
+    assert tables[:3, :3].tolist() == [[1, 2, 40], [17, 9, 0], [2, 0, 0]]
+    ids, pos, slots, lens, tables = replay.seen[1]
+    assert ids[:2].tolist() == [8, 9] and pos[:2].tolist() == [41, 18]
+    # the third row is padding now: it writes no slot and reads no key
+    assert slots[:4].tolist() == [642, 273, -1, -1] and lens[:4].tolist() == [42, 19, 0, 0]
+    assert tables[:2, :3].tolist() == [[1, 2, 40], [17, 9, 0]]
