@@ -29,12 +29,7 @@ CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """The padded batch sizes for an engine of ``max_num_seqs``: up to the first that holds it."""
-    sizes = []
-    for size in CAPTURE_SIZES:
-        sizes.append(size)
-        if size >= max_num_seqs:
-            break
-    return sizes
+    return CAPTURE_SIZES[: bisect.bisect_left(CAPTURE_SIZES, max_num_seqs) + 1]
 
 
 # forward(input_ids, positions, meta) -> final hidden states [num_tokens, hidden_size]
@@ -96,7 +91,7 @@ class DecodeGraphs:
         host[2].fill_(-1)  # padding rows must write no slot: a stale one may be live
         host[2, :n] = torch.tensor(slots)
         host[3, :n] = torch.tensor(seq_lens)  # padding rows: 0, no key read
-        host = host.to(self.device, non_blocking=True)
+        host = host.to(self.device)
         self.input_ids[:size].copy_(host[0])
         self.positions[:size].copy_(host[1])
         self.slot_mapping[:size].copy_(host[2])
@@ -105,7 +100,7 @@ class DecodeGraphs:
         # seq_len only, so what earlier steps left past them is never read.
         width = max(map(len, tables))
         table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        self.block_tables[:n, :width].copy_(table.to(self.device, non_blocking=True))
+        self.block_tables[:n, :width].copy_(table)
         max_seq_len = max(seq_lens)
         key = (size, self.num_splits(size, max_seq_len))
         if key not in self.graphs:
