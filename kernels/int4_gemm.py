@@ -39,13 +39,32 @@ from kernels.int4_tiles import (
     _epilogue,
     _load_words,
     _nibble_dot,
+    _nibble_dot_fold,
     _nibble_mma,
     _unpack,
     _x_planes,
 )
 from kernels.int4_weight import Int4Weight
+from kernels.pdl import has_pdl
 
 __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
+
+
+@triton.jit
+def _gemv_words(qw_ptr, offs_n, n_mask, sub0, sub_end, stride_qw_n, SUB_W: tl.constexpr,
+                NUM_SUB: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """Packed words [BLOCK_N, NUM_SUB, SUB_W] of sub-groups sub0 .. sub0 + NUM_SUB (those
+    from sub_end on read as 0 unless EVEN), and the sub-group indices [NUM_SUB]."""
+    subs = sub0 + tl.arange(0, NUM_SUB)
+    offs_w = tl.arange(0, SUB_W)
+    words = subs[:, None] * SUB_W + offs_w[None, :]  # [NUM_SUB, SUB_W]
+    ptrs = qw_ptr + offs_n[:, None, None] * stride_qw_n + words[None, :, :]
+    if EVEN:
+        q = tl.load(ptrs)
+    else:
+        mask = (subs < sub_end)[:, None] & (offs_w[None, :] < SUB_W)
+        q = tl.load(ptrs, mask=n_mask[:, None, None] & mask[None, :, :], other=0)
+    return q
 
 
 @triton.jit
@@ -77,40 +96,67 @@ def _int4_gemv_kernel(
     IS_BF16: tl.constexpr,
     EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr,
+    FOLD: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One row of x per program along axis 2. K is cut into sub-groups of SUB_W words that
     # never straddle a quantization group; a step loads [BLOCK_N, NUM_SUB, SUB_W] words (one
     # 16-byte load per thread and row where SUB_W >= 4), so the scale and offset of each
     # sub-group apply after its reduction: sum_k x_k (q s + o) = s sum_k x_k q + o sum_k x_k.
+    # PREFETCH: the next step's words are loaded into registers before this step's math.
+    # PDL (launched as a programmatic dependent): the launch overlaps the previous kernel's
+    # tail; nothing is read or written before it has finished (gdc_wait), not even the
+    # weight, which a kernel still in flight may have written.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     num_subs = K // (8 * SUB_W)
     sub_start = pid_k * subs_per_split
     sub_end = tl.minimum(sub_start + subs_per_split, num_subs)
+    EVEN: tl.constexpr = EVEN_N and EVEN_K
+    if PREFETCH:
+        q_next = _gemv_words(
+            qw_ptr, offs_n, n_mask, sub_start, sub_end, stride_qw_n, SUB_W, NUM_SUB, EVEN
+        )
     acc = tl.zeros([BLOCK_N, NUM_SUB], dtype=tl.float32)
     x_row = x_ptr + m * stride_x_m
     x32_row = x32_ptr + m * stride_x32_m
     offs_w = tl.arange(0, SUB_W)
     for sub0 in tl.range(sub_start, sub_end, NUM_SUB, num_stages=NUM_STAGES):
+        if PREFETCH:
+            q = q_next
+            # whole splits (EVEN) re-read their last step instead of reading past it
+            if EVEN:
+                nxt = tl.minimum(sub0 + NUM_SUB, sub_end - NUM_SUB)
+            else:
+                nxt = sub0 + NUM_SUB
+            q_next = _gemv_words(
+                qw_ptr, offs_n, n_mask, nxt, sub_end, stride_qw_n, SUB_W, NUM_SUB, EVEN
+            )
+        else:
+            q = _gemv_words(
+                qw_ptr, offs_n, n_mask, sub0, sub_end, stride_qw_n, SUB_W, NUM_SUB, EVEN
+            )
         subs = sub0 + tl.arange(0, NUM_SUB)
         words = subs[:, None] * SUB_W + offs_w[None, :]  # [NUM_SUB, SUB_W]
-        ptrs = qw_ptr + offs_n[:, None, None] * stride_qw_n + words[None, :, :]
         sub_mask = subs < sub_end
         x_mask = sub_mask[:, None] & (offs_w[None, :] < SUB_W)
-        if EVEN_N and EVEN_K:
-            q = tl.load(ptrs)
-        else:
-            q = tl.load(ptrs, mask=n_mask[:, None, None] & x_mask[None, :, :], other=0)
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_planes(
             x_row, x32_row, words, x_mask, X16, IS_BF16, EVEN_K
         )
-        qx, x_sum = _nibble_dot(q, x0, x1, x2, x3, x4, x5, x6, x7)
+        if FOLD:
+            qx, x_sum = _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7)
+        else:
+            qx, x_sum = _nibble_dot(q, x0, x1, x2, x3, x4, x5, x6, x7)
         g = subs * (8 * SUB_W) // group_size
         s_ptrs = g[None, :] * stride_s_g + offs_n[:, None]
-        if EVEN_N and EVEN_K:
+        if EVEN:
             s = tl.load(s_ptr + s_ptrs).to(tl.float32)
             o = tl.load(o_ptr + s_ptrs).to(tl.float32)
         else:
@@ -650,6 +696,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     num_pid_n = triton.cdiv(n, cfg.block_n)
     mode, out, ws, locks = _split_k_output(x, m, n, num_splits, m * num_pid_n)
     x, x32 = _with_pairs(x)
+    pdl = cfg.pdl and has_pdl(x.device)
     _int4_gemv_kernel[(num_pid_n, num_splits, m)](
         x,
         x32,
@@ -678,8 +725,12 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         IS_BF16=x.dtype == torch.bfloat16,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=num_subs % subs_per_split == 0,
+        FOLD=cfg.fold and x.dtype in _MAGIC,
+        PREFETCH=cfg.prefetch,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out.to(x.dtype) if mode == 1 else out
 

@@ -35,6 +35,11 @@ class Int4GemmConfig:
     inline PTX, two weights per LOP3 / HADD2 / HFMA2 (x read in the matching K order);
     ``tma`` (with ``swap`` and ``asm``, sm_90+, tiles of one whole group) fetches the x and
     weight tiles with the TMA engine (tensor descriptors) instead of per-thread loads.
+    ``gemv`` only: ``fold`` (16-bit x) reads each code as a biased fp32 in one AND-OR and
+    takes the biases off once per sub-group (two instructions per weight, no subtraction);
+    ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
+    launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
+    (it reads nothing before that kernel has finished).
     """
 
     strategy: str
@@ -50,6 +55,9 @@ class Int4GemmConfig:
     pipelined: bool = False
     asm: bool = False
     tma: bool = False
+    fold: bool = False
+    prefetch: bool = False
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -74,8 +82,10 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     """The table: strategy and tiles from the number of rows M and the weight's shape.
 
     From the H200 sweeps of 2026-11-29 (Llama-3-8B shapes, group 128; BENCHMARKS.md, "INT4
-    GEMM"): M = 1 gemv with many one-warp programs of 32 outputs (split-K 8 for the wide
-    gate_up weight, 32 for the deep down weight, else 16); M <= 16 the mm kernel 16 x 64 with
+    GEMM"): M = 1 gemv with many one-warp programs split-K 8, of 32 outputs for wide weights
+    (N >= 16384, plain decode) and otherwise the two-instruction decode launched as a
+    programmatic dependent, 32 outputs per program for N > 4096 and K < 8192, else 16 (2026-11-30
+    sweep); M <= 16 the mm kernel 16 x 64 with
     swapped operands, inline-PTX dequantization and TMA tile loads (magic-number dequantization
     and pointer loads where those do not apply), split-K 8 (4 for wide weights); M <= 64 the
     same kernel 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); above, dequantize
@@ -83,10 +93,12 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
-        target = 8 if n >= 16384 else 32 if k >= 8192 else 16
-        split = _pow2_split(target, k, 256, 32)
+        split = _pow2_split(8, k, 256, 32)
+        if n >= 16384:  # wide (gate_up, lm_head): the plain decode kept its lead
+            return Int4GemmConfig("gemv", 16, 32, 256, split, num_warps=1, num_stages=2)
+        block_n = 32 if n > 4096 and k < 8192 else 16
         return Int4GemmConfig(
-            "gemv", block_n=32, block_k=256, split_k=split, num_warps=1, num_stages=2
+            "gemv", 16, block_n, 256, split, num_warps=1, num_stages=2, fold=True, pdl=True
         )
     small = n <= 8192
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)

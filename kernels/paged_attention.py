@@ -25,6 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.pdl import has_pdl
+
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range until the (sequence, KV head) programs number more than
 # _MIN_PROGRAMS_PER_SM per SM, then further while they stay within _SPLIT_PROGRAMS_PER_SM per
@@ -800,12 +802,7 @@ def _pick_decode_config(
     # on sm_90+ the merge launch overlaps the split kernel's tail (PDL).
     merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
     merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
-    return DecodeConfig(32, 4, 6, merge_block_h, pdl=_has_pdl(device))
-
-
-def _has_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and up."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return DecodeConfig(32, 4, 6, merge_block_h, pdl=has_pdl(device))
 
 
 # Per device, an all-zero int32 ticket buffer for the fused merge: every launch leaves it all

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.pdl import has_pdl
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -23,7 +25,10 @@ def _rms_norm_kernel(
     stride_nr_t,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):
+    if TRIGGER:  # a programmatic dependent (the next layer's INT4 GEMM) may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -77,7 +82,8 @@ def rms_norm(
         _rms_norm_kernel[(num_tokens,)](
             out, new_residual, x2, r2, weight, hidden, eps,
             x2.stride(0), r2.stride(0), out.stride(0), new_residual.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block, TRIGGER=has_pdl(x.device),
+            num_warps=num_warps,
         )  # fmt: skip
     out = out.view(x.shape)
     if residual is not None:

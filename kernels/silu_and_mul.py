@@ -7,6 +7,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.pdl import has_pdl
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -16,7 +18,10 @@ def _silu_and_mul_kernel(
     stride_x_t,
     stride_o_t,
     BLOCK: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):
+    if TRIGGER:  # a programmatic dependent (the down projection's INT4 GEMM) may launch now
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < d
@@ -44,7 +49,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0 and d > 0:
         block = min(triton.next_power_of_2(d), 1024)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
-            out, x2, d, x2.stride(0), out.stride(0), BLOCK=block
+            out, x2, d, x2.stride(0), out.stride(0), BLOCK=block, TRIGGER=has_pdl(x.device)
         )
     return out.view(*x.shape[:-1], d)
 

@@ -75,6 +75,12 @@ CONFIGS = [
         "mm-swap",
         Int4GemmConfig("mm", 16, 32, 32, split_k=3, magic=True, swap=True, pipelined=True),
     ),
+    ("gemv-fold", Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=2, fold=True)),
+    (
+        "gemv-fold-prefetch",
+        Int4GemmConfig("gemv", 16, 32, 64, split_k=1, fold=True, prefetch=True, pdl=True),
+    ),
+    ("gemv-prefetch-split", Int4GemmConfig("gemv", 16, 16, 32, split_k=2, prefetch=True)),
 ]
 
 
@@ -97,6 +103,9 @@ ROWS = {
     "mm-magic": [1, 37],
     "mm-magic-pipe": [3],
     "mm-swap": [1, 17],
+    "gemv-fold": [1, 2],
+    "gemv-fold-prefetch": [1, 3],
+    "gemv-prefetch-split": [1],
 }
 
 
@@ -182,6 +191,8 @@ def test_cuda_graph_replay_bf16(m):
 GPU_CONFIGS = [
     Int4GemmConfig("gemv", block_n=32, block_k=512, split_k=4, num_warps=4, num_stages=2),
     Int4GemmConfig("gemv", block_n=4, block_k=2048, split_k=1, num_warps=8, num_stages=1),
+    Int4GemmConfig("gemv", 16, 32, 256, 4, 1, 1, fold=True, prefetch=True, pdl=True),
+    Int4GemmConfig("gemv", 16, 64, 256, 3, 2, 2, fold=True, pdl=True),
     Int4GemmConfig("tiled", 16, 128, 128, split_k=8, nibble=True),
     Int4GemmConfig("tiled", 16, 256, 128, split_k=4, nibble=True),
     Int4GemmConfig("tiled", 64, 64, 128, split_k=2, nibble=False),
@@ -205,7 +216,11 @@ GPU_CONFIGS = [
     GPU_CONFIGS,
     ids=lambda c: (
         f"{c.strategy}{c.block_m}x{c.block_n}"
-        + "".join(f"-{f}" for f in ("magic", "swap", "pipelined", "asm", "tma") if getattr(c, f))
+        + "".join(
+            f"-{f}"
+            for f in ("magic", "swap", "pipelined", "asm", "tma", "fold", "prefetch", "pdl")
+            if getattr(c, f)
+        )
     ),
 )
 def test_strategies_bf16(config, group_size):

@@ -1,0 +1,27 @@
+"""Programmatic dependent launch (PDL, sm_90+): a kernel launched as a programmatic dependent
+may start while the previous kernel on the stream is still running, and must call
+``gdc_wait`` before touching any memory that kernel (or one before it) may write.
+
+A kernel that calls ``gdc_launch_dependents`` on entry lets such a dependent be scheduled as
+soon as all of its own programs have started; for a kernel whose successor is not a
+programmatic dependent, the call does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def has_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability_major(index) >= 9
