@@ -128,7 +128,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     if m == 1:
         # (outputs per program, K per loop step, warps, splits): many small programs, each
         # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md); then the
-        # two-instruction decode (fold), the next step's words prefetched into registers,
+        # decode without subtraction (fold), the next step's words prefetched into registers,
         # and programmatic dependent launch (gemv options in Int4GemmConfig's docstring).
         gemv = Int4GemmConfig
         fpd = {"fold": True, "prefetch": True, "pdl": True}

@@ -36,7 +36,8 @@ class Int4GemmConfig:
     ``tma`` (with ``swap`` and ``asm``, sm_90+, tiles of one whole group) fetches the x and
     weight tiles with the TMA engine (tensor descriptors) instead of per-thread loads.
     ``gemv`` only: ``fold`` (16-bit x) reads each code as a biased fp32 in one AND-OR and
-    takes the biases off once per sub-group (two instructions per weight, no subtraction);
+    takes the biases off once per sub-group (an AND-OR and an FMA per weight plus four shifts
+    per word of eight codes; no subtraction);
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
@@ -81,15 +82,14 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Int4GemmConfig:
     """The table: strategy and tiles from the number of rows M and the weight's shape.
 
-    From the H200 sweeps of 2026-11-29 (Llama-3-8B shapes, group 128; BENCHMARKS.md, "INT4
-    GEMM"): M = 1 gemv with many one-warp programs split-K 8, of 32 outputs for wide weights
-    (N >= 16384, plain decode) and otherwise the two-instruction decode launched as a
-    programmatic dependent, 32 outputs per program for N > 4096 and K < 8192, else 16 (2026-11-30
-    sweep); M <= 16 the mm kernel 16 x 64 with
-    swapped operands, inline-PTX dequantization and TMA tile loads (magic-number dequantization
-    and pointer loads where those do not apply), split-K 8 (4 for wide weights); M <= 64 the
-    same kernel 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); above, dequantize
-    + cuBLAS was fastest.
+    From the H200 sweeps of 2026-11-29 and 30 (Llama-3-8B shapes, group 128; BENCHMARKS.md,
+    "INT4 GEMM"): M = 1 gemv with many one-warp programs, split-K 8: 32 outputs per program
+    and the plain decode for wide weights (N >= 16384), otherwise the ``fold`` decode launched
+    as a programmatic dependent, with 32 outputs per program for N > 4096 and K < 8192, else
+    16; M <= 16 the mm kernel 16 x 64 with swapped operands, inline-PTX dequantization and TMA
+    tile loads (magic-number dequantization and pointer loads where those do not apply),
+    split-K 8 (4 for wide weights); M <= 64 the same kernel 64 x 64 split-K 4 (N <= 8192) or
+    64 x 128 unsplit (wider); above, dequantize + cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:

@@ -163,9 +163,9 @@ def _fold_code(v, HIGH: tl.constexpr):
 
 @triton.jit
 def _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7):
-    """``_nibble_dot`` in two instructions per weight instead of three: every nibble is
-    shifted to bits 12..19 (four shifts per word) and read as 2048 + n (odd j) or 128 + n
-    (even j) with no subtraction; the biases come off once per sub-group, as 2048 sum x_odd
+    """``_nibble_dot`` without the subtraction: an AND-OR and an FMA per weight plus four
+    shifts per word (each nibble moved to bits 12..19), reading 2048 + n (odd j) or 128 + n
+    (even j); the biases come off once per sub-group, as 2048 sum x_odd
     + 128 sum x_even. The fp32 sums then carry at most 2048 |x| per term: about 1e-4
     relative error, for 16-bit activations (fp32 x keeps the exact ``_nibble_dot``)."""
     lo = q << 16  # nibble 0 at bits 16..19
