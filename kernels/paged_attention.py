@@ -281,41 +281,59 @@ def _decode_tile(
     HAS_COL_MASK: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IS_FP32: tl.constexpr,
+    IS_FULL: tl.constexpr,
 ):
     # One decode token's heads against positions kv_start + [0, BLOCK_N): a position is valid
     # below seq_len (and inside the window); the query sits at seq_len - 1, so no causal mask.
     # Column c of a K/V tile is element col_off_* [c] of a position's row of KV heads.
+    # IS_FULL: every position of the tile is valid (no window), so no load is predicated.
     offs_n = kv_start + tl.arange(0, BLOCK_N)
-    kv_valid = offs_n < seq_len
-    if HAS_WINDOW:
-        kv_valid = kv_valid & (offs_n >= seq_len - sliding_window)
-    block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=kv_valid, other=0)
+    if IS_FULL:
+        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE)
+    else:
+        kv_valid = offs_n < seq_len
+        if HAS_WINDOW:
+            kv_valid = kv_valid & (offs_n >= seq_len - sliding_window)
+        block_ids = tl.load(table_ptr + offs_n // BLOCK_SIZE, mask=kv_valid, other=0)
     block_ids = block_ids.to(tl.int64)
     in_block = offs_n % BLOCK_SIZE
     k_off = block_ids * stride_k_b + in_block * stride_k_s  # [BLOCK_N]
     v_off = block_ids * stride_v_b + in_block * stride_v_s
-    if HAS_COL_MASK:
-        k_mask = kv_valid[None, :] & col_valid[:, None]
-        v_mask = kv_valid[:, None] & col_valid[None, :]
+    k_ptrs = k_base_ptr + k_off[None, :] + col_off_k[:, None]  # [COLS, BLOCK_N]
+    v_ptrs = v_base_ptr + v_off[:, None] + col_off_v[None, :]  # [BLOCK_N, COLS]
+    if IS_FULL:
+        if HAS_COL_MASK:
+            k = tl.load(k_ptrs, mask=col_valid[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
     else:
-        k_mask = kv_valid[None, :]
-        v_mask = kv_valid[:, None]
-    k = tl.load(
-        k_base_ptr + k_off[None, :] + col_off_k[:, None], mask=k_mask, other=0.0
-    )  # [COLS, BLOCK_N]
+        if HAS_COL_MASK:
+            k_mask = kv_valid[None, :] & col_valid[:, None]
+            v_mask = kv_valid[:, None] & col_valid[None, :]
+        else:
+            k_mask = kv_valid[None, :]
+            v_mask = kv_valid[:, None]
+        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
     if IS_FP32:
         s = tl.dot(q, k, input_precision="ieee")
     else:
         s = tl.dot(q, k)
-    s = tl.where(kv_valid[None, :], s * scale_log2, float("-inf"))  # log2 domain
+    if IS_FULL:
+        s = s * scale_log2  # log2 domain
+    else:
+        s = tl.where(kv_valid[None, :], s * scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(
-        v_base_ptr + v_off[:, None] + col_off_v[None, :], mask=v_mask, other=0.0
-    )  # [BLOCK_N, COLS]
+    if IS_FULL:
+        if HAS_COL_MASK:
+            v = tl.load(v_ptrs, mask=col_valid[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=v_mask, other=0.0)
     if IS_FP32:
         pv = tl.dot(p, v, input_precision="ieee")
     else:
@@ -417,10 +435,14 @@ def _paged_decode_kernel(
     HEADS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     IS_FP32: tl.constexpr,
-    PDL: tl.constexpr,
+    TRIGGER: tl.constexpr,
+    WAIT: tl.constexpr,
+    WHOLE_TILES: tl.constexpr,
 ):
-    if PDL:  # the merge kernel may be scheduled now; it waits for this grid to finish
+    if TRIGGER:  # a programmatic dependent (the merge) may be scheduled now; it waits for us
         tl.extra.cuda.gdc_launch_dependents()
+    if WAIT:  # launched as a programmatic dependent: nothing is read before the previous
+        tl.extra.cuda.gdc_wait()  # kernel on the stream has finished
     # Decode-only step: sequence s owns query row s, so the program id names its work directly
     # (no search over query_start_loc). A program takes KV_HEADS neighbouring KV heads: its
     # K/V tiles hold all of their columns (one contiguous run per position) and row r (query
@@ -467,12 +489,23 @@ def _paged_decode_kernel(
     col_off_k = col_head * stride_k_h + col_d * stride_k_d
     col_off_v = col_head * stride_v_h + col_d * stride_v_d
     table_ptr = block_tables_ptr + row * stride_bt_s
-    for kv_start in range(kv_begin, kv_end, BLOCK_N):
+    if HAS_WINDOW or not WHOLE_TILES:  # a window's first tile may be partial: all masked
+        full_end = kv_begin
+    else:  # whole tiles unpredicated, then at most one partial tile (the sequence's last)
+        full_end = tl.maximum(tl.minimum(kv_end, seq_len // BLOCK_N * BLOCK_N), kv_begin)
+        for kv_start in range(kv_begin, full_end, BLOCK_N):
+            acc, m_i, l_i = _decode_tile(
+                acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
+                k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
+                stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, True,
+            )  # fmt: skip
+    for kv_start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _decode_tile(
             acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
             k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
             stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, False,
         )  # fmt: skip
 
     has_keys = l_i > 0.0
@@ -530,7 +563,10 @@ def _merge_kv_splits_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
+    TRIGGER: tl.constexpr,
 ):
+    if TRIGGER:  # a programmatic dependent (the next kernel) may be scheduled now
+        tl.extra.cuda.gdc_launch_dependents()
     # One token, BLOCK_H heads.
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -760,7 +796,13 @@ class DecodeConfig:
     heads per program (must divide the cache's). ``fused_merge``: with splits, the last
     program of each (sequence, KV heads) merges them instead of a second launch. ``pdl``
     (CUDA, sm_90+): the merge kernel is launched as a programmatic dependent of the split
-    kernel, so its launch overlaps the split kernel's tail instead of following it.
+    kernel, so its launch overlaps the split kernel's tail instead of following it. ``wait``
+    (sm_90+): the decode kernel itself is launched as a programmatic dependent of whatever
+    kernel precedes it and waits for it on entry, so only its launch overlaps that kernel.
+    ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
+    without predicated loads or masks, the partial last tile in a second loop (measured
+    slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
+    by default for the same reason.
     """
 
     block_n: int
@@ -770,6 +812,8 @@ class DecodeConfig:
     kv_heads: int = 1
     fused_merge: bool = False
     pdl: bool = False
+    wait: bool = False
+    whole_tiles: bool = False
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
@@ -844,7 +888,9 @@ def _launch_decode(
     kv_heads = config.kv_heads if num_kv_heads % config.kv_heads == 0 else 1
     is_split = num_kv_splits > 1
     is_fused = is_split and config.fused_merge
-    pdl = config.pdl and is_split and not is_fused and query.device.type == "cuda"
+    trigger = has_pdl(query.device)
+    pdl = config.pdl and is_split and not is_fused and trigger
+    wait = config.wait and trigger
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),
@@ -874,7 +920,9 @@ def _launch_decode(
         IS_SPLIT=is_split, FUSED_MERGE=is_fused, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEADS_PAD=_next_pow2(group * kv_heads),
         HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
-        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"launch_pdl": True} if wait else {}),
     )  # fmt: skip
     if is_split and not is_fused:
         _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
@@ -899,7 +947,7 @@ def _merge(
         part_lse.stride(0), part_lse.stride(1),
         NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h, PDL=pdl,
-        **launch,
+        TRIGGER=has_pdl(out.device), **launch,
     )  # fmt: skip
 
 

@@ -181,6 +181,22 @@ def test_decode_only(num_kv_splits):
                             num_kv_splits=num_kv_splits)  # fmt: skip
 
 
+@pytest.mark.parametrize("num_kv_splits", [1, 3, 8])
+def test_decode_whole_tiles(num_kv_splits):
+    """The unpredicated loop over whole tiles, then the partial tile (``whole_tiles``): 16-
+    position tiles over lengths that end on, before and past a tile boundary, with splits
+    that start after the last whole tile."""
+    batch = make_batch(DECODE_SEQS + [(32, 1), (48, 1)], 8, 2, 64, torch.float16)
+    scale = 64**-0.5
+    out = torch.empty_like(batch.query)
+    _launch_decode(
+        batch.query, batch.key_cache, batch.value_cache, batch.seq_lens, batch.block_tables,
+        scale, None, out, num_kv_splits, DecodeConfig(16, 4, 1, 8, whole_tiles=True),
+    )  # fmt: skip
+    ref = paged_attention_ref(*batch.args(scale))
+    assert_close(out, ref, torch.float16, f"whole tiles, splits {num_kv_splits}")
+
+
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
 def test_decode_sliding_window(num_kv_splits):
     batch = make_batch(DECODE_SEQS, 8, 2, 64, torch.float16)
@@ -291,6 +307,50 @@ def test_decode_merge_as_dependent_launch(splits):
     for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
         ref = paged_attention_ref(*b.args(scale))
         assert_close(out, ref, torch.bfloat16, f"PDL merge x{splits}, layer {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits, fused", [(1, False), (4, True), (16, False)])
+def test_decode_waits_as_dependent_launch(splits, fused):
+    """Decode kernels launched as programmatic dependents (``wait``; sm_90+, a plain launch
+    before that), each layer's query being the previous layer's output, so a kernel that
+    read before the previous one finished would see a stale query; eagerly and replayed
+    from a CUDA graph."""
+    seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
+    layers = [make_batch(seqs, 32, 8, 128, torch.bfloat16) for _ in range(3)]
+    scale = 128**-0.5
+    config = DecodeConfig(32, 4, 6, 4, fused_merge=fused, pdl=True, wait=True)
+    query = layers[0].query.clone()
+    outs = [torch.empty_like(query) for _ in layers]
+
+    def step():
+        q = query
+        for b, out in zip(layers, outs, strict=True):
+            _launch_decode(
+                q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, scale, None,
+                out, splits, config,
+            )  # fmt: skip
+            q = out
+
+    def check(what):
+        q = query
+        for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
+            args = list(b.args(scale))
+            args[0] = q
+            assert_close(out, paged_attention_ref(*args), torch.bfloat16, f"{what}, layer {i}")
+            q = out
+
+    step()
+    torch.cuda.synchronize()
+    check(f"eager x{splits}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for out in outs:
+        out.zero_()
+    query.copy_(torch.randn_like(query))
+    graph.replay()
+    check(f"graph x{splits}")
 
 
 def test_strided_query_and_out():

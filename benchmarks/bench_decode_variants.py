@@ -1,0 +1,98 @@
+"""Decode-only attention variants side by side with SDPA, CUDA-graph and layered timings.
+
+Shapes where issue 3's targets are tight (batch 1 at long context, batch 8-32 at short), the
+shipped decode config (``_pick_decode_config``) against the same with one field changed:
+
+- ``masked``: every tile's loads predicated (``whole_tiles=False``, the previous kernel);
+- ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
+  (``wait=True``; sm_90+), so consecutive layers' launches overlap.
+
+Timings as in ``bench_attention.py`` (graph: one replay, L2 flushed; layered: L calls on L
+caches back to back in one graph). Every variant's output is checked against SDPA.
+
+    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.bench_attention import (
+    DTYPE,
+    HEAD_DIM,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    SCALE,
+    bench_graph_ms,
+    bench_layers_us,
+    contiguous_kv,
+    copy_bandwidth,
+    max_diff,
+    num_layers,
+    paged_batch,
+)
+from kernels.paged_attention import _launch_decode, _pick_decode_config, default_num_kv_splits
+
+SHAPES = [(1, 2048), (1, 8192), (8, 512), (12, 512), (16, 512), (16, 2048), (32, 512),
+          (64, 2048), (256, 2048)]  # fmt: skip
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    copy = copy_bandwidth()
+    print(torch.cuda.get_device_name(), torch.__version__, f"copy {copy / 1e12:.2f} TB/s")
+    variants = {"shipped": {}, "masked": {"whole_tiles": False}, "wait": {"wait": True}}
+    head = " | ".join(f"{name} graph / layered us (/SDPA)" for name in variants)
+    print(f"| batch x ctx | splits | {head} | SDPA graph / layered us | shipped layered %copy |")
+    print("|" + "---|" * (len(variants) + 4))
+    for batch, ctx in SHAPES:
+        query, key_cache, value_cache, _, seq_lens, tables = paged_batch(batch, ctx, 1)
+        kv_bytes = 2 * batch * ctx * NUM_KV_HEADS * HEAD_DIM * key_cache.element_size()
+        layers = num_layers(kv_bytes)
+        caches = [(key_cache, value_cache)] + [
+            (torch.randn_like(key_cache), torch.randn_like(value_cache)) for _ in range(layers - 1)
+        ]
+        k = contiguous_kv(key_cache, tables, ctx)
+        v = contiguous_kv(value_cache, tables, ctx)
+        q = query.view(batch, NUM_HEADS, 1, HEAD_DIM)
+        ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True).view_as(query)
+        sdpa = [partial(F.scaled_dot_product_attention, q, torch.randn_like(k),
+                        torch.randn_like(v), enable_gqa=True) for _ in range(layers)]  # fmt: skip
+        sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
+        del sdpa, k, v
+        splits = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
+        shipped = _pick_decode_config(
+            device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch
+        )
+        cells, layered_shipped = [], 0.0
+        for name, change in variants.items():
+            config = dataclasses.replace(shipped, **change)
+            out = torch.empty_like(query)
+            args = (seq_lens, tables, SCALE, None, out, splits, config)
+            _launch_decode(query, key_cache, value_cache, *args)
+            diff = max_diff(out, ref)
+            if diff > 0.02:
+                raise SystemExit(f"{name} {batch}x{ctx}: max diff {diff:.3f} against SDPA")
+            fns = [partial(_launch_decode, query, kc, vc, *args) for kc, vc in caches]
+            graph, layered = 1e3 * bench_graph_ms(fns[0]), bench_layers_us(fns)
+            layered_shipped = layered_shipped or layered
+            cells.append(
+                f"{graph:.1f} / {layered:.1f} ({graph / sdpa_graph:.2f} / "
+                f"{layered / sdpa_layered:.2f})"
+            )
+        frac = kv_bytes / (layered_shipped * 1e-6) / copy
+        print(
+            f"| {batch} x {ctx} | {splits} | " + " | ".join(cells)
+            + f" | {sdpa_graph:.1f} / {sdpa_layered:.1f} | {100 * frac:.0f}% |"
+        )  # fmt: skip
+        del caches
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
