@@ -127,18 +127,18 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     tma = {"swap": True, "pipelined": True, "asm": True, "tma": True}
     if m == 1:
         # (outputs per program, K per loop step, warps, splits): many small programs, each
-        # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md); then the
-        # decode without subtraction (fold), the next step's words prefetched into registers,
-        # and programmatic dependent launch (gemv options in Int4GemmConfig's docstring).
+        # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md); the
+        # table's configs against the decode without subtraction (fold) written in inline
+        # PTX (asm), with and without dependent launch (Int4GemmConfig's docstring).
         gemv = Int4GemmConfig
-        fpd = {"fold": True, "prefetch": True, "pdl": True}
+        out.append(gemv("gemv", 16, 32, 256, 8, 1, 2))  # the table's configs
+        out.append(gemv("gemv", 16, 16, 256, 8, 1, 2, fold=True, pdl=True))
+        out.append(gemv("gemv", 16, 32, 256, 8, 1, 2, fold=True, pdl=True))
+        for bn, split in [(16, 8), (32, 8), (16, 16), (32, 16)]:  # the fold decode in PTX
+            out.append(gemv("gemv", 16, bn, 256, split, 1, 2, fold=True, pdl=True, asm=True))
         for bn in (16, 32):
-            for split in (8, 16, 32):  # the previous table's form
-                out.append(gemv("gemv", 16, bn, 256, split, 1, 2))
-            for split in (4, 8, 16):
-                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, fold=True, pdl=True))
-                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, pdl=True))
-                out.append(gemv("gemv", 16, bn, 256, split, 1, 1, **fpd))
+            out.append(gemv("gemv", 16, bn, 256, 8, 1, 2, fold=True, asm=True))
+        out.append(gemv("gemv", 16, 64, 256, 8, 2, 2, fold=True, pdl=True, asm=True))
     if 1 < m <= 16:
         for split in (4, 8):
             out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True, swap=True, pipelined=True))

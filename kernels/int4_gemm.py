@@ -40,6 +40,7 @@ from kernels.int4_tiles import (
     _load_words,
     _nibble_dot,
     _nibble_dot_fold,
+    _nibble_dot_fold_asm,
     _nibble_mma,
     _unpack,
     _x_planes,
@@ -150,7 +151,9 @@ def _int4_gemv_kernel(
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_planes(
             x_row, x32_row, words, x_mask, X16, IS_BF16, EVEN_K
         )
-        if FOLD:
+        if FOLD == 2:
+            qx, x_sum = _nibble_dot_fold_asm(q, x0, x1, x2, x3, x4, x5, x6, x7)
+        elif FOLD == 1:
             qx, x_sum = _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7)
         else:
             qx, x_sum = _nibble_dot(q, x0, x1, x2, x3, x4, x5, x6, x7)
@@ -697,6 +700,9 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     mode, out, ws, locks = _split_k_output(x, m, n, num_splits, m * num_pid_n)
     x, x32 = _with_pairs(x)
     pdl = cfg.pdl and has_pdl(x.device)
+    fold = 0  # 1: the fold decode in Triton, 2: in inline PTX (CUDA)
+    if cfg.fold and x.dtype in _MAGIC:
+        fold = 2 if cfg.asm and x.device.type == "cuda" else 1
     _int4_gemv_kernel[(num_pid_n, num_splits, m)](
         x,
         x32,
@@ -725,7 +731,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         IS_BF16=x.dtype == torch.bfloat16,
         EVEN_N=n % cfg.block_n == 0,
         EVEN_K=num_subs % subs_per_split == 0,
-        FOLD=cfg.fold and x.dtype in _MAGIC,
+        FOLD=fold,
         PREFETCH=cfg.prefetch,
         PDL=pdl,
         num_warps=cfg.num_warps,

@@ -37,7 +37,8 @@ class Int4GemmConfig:
     weight tiles with the TMA engine (tensor descriptors) instead of per-thread loads.
     ``gemv`` only: ``fold`` (16-bit x) reads each code as a biased fp32 in one AND-OR and
     takes the biases off once per sub-group (an AND-OR and an FMA per weight plus four shifts
-    per word of eight codes; no subtraction);
+    per word of eight codes; no subtraction), in inline PTX with ``asm`` on CUDA (each word's
+    shifted copies then stay inside its block of PTX instead of all being live at once);
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
@@ -83,23 +84,22 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     """The table: strategy and tiles from the number of rows M and the weight's shape.
 
     From the H200 sweeps of 2026-11-29 and 30 (Llama-3-8B shapes, group 128; BENCHMARKS.md,
-    "INT4 GEMM"): M = 1 gemv with many one-warp programs, split-K 8: 32 outputs per program
-    and the plain decode for wide weights (N >= 16384), otherwise the ``fold`` decode launched
-    as a programmatic dependent, with 32 outputs per program for N > 4096 and K < 8192, else
-    16; M <= 16 the mm kernel 16 x 64 with swapped operands, inline-PTX dequantization and TMA
-    tile loads (magic-number dequantization and pointer loads where those do not apply),
-    split-K 8 (4 for wide weights); M <= 64 the same kernel 64 x 64 split-K 4 (N <= 8192) or
-    64 x 128 unsplit (wider); above, dequantize + cuBLAS was fastest.
+    "INT4 GEMM"): M = 1 gemv, split-K 8, the ``fold`` decode in inline PTX, launched as a
+    programmatic dependent: 64 outputs per two-warp program for wide weights (N >= 16384),
+    else one-warp programs of 32 outputs for N > 4096 and K < 8192, else of 16; M <= 16 the
+    mm kernel 16 x 64 with swapped operands, inline-PTX dequantization and TMA tile loads
+    (magic-number dequantization and pointer loads where those do not apply), split-K 8 (4
+    for wide weights); M <= 64 the same kernel 64 x 64 split-K 4 (N <= 8192) or 64 x 128
+    unsplit (wider); above, dequantize + cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
         split = _pow2_split(8, k, 256, 32)
-        if n >= 16384:  # wide (gate_up, lm_head): the plain decode kept its lead
-            return Int4GemmConfig("gemv", 16, 32, 256, split, num_warps=1, num_stages=2)
+        fold = {"fold": True, "asm": True, "pdl": True}
+        if n >= 16384:  # wide (gate_up, lm_head): 64 outputs per two-warp program
+            return Int4GemmConfig("gemv", 16, 64, 256, split, 2, 2, **fold)
         block_n = 32 if n > 4096 and k < 8192 else 16
-        return Int4GemmConfig(
-            "gemv", 16, block_n, 256, split, num_warps=1, num_stages=2, fold=True, pdl=True
-        )
+        return Int4GemmConfig("gemv", 16, block_n, 256, split, 1, 2, **fold)
     small = n <= 8192
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "swap": True, "pipelined": True, "asm": True, "tma": True}

@@ -186,6 +186,56 @@ def _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7):
     return tl.sum(part, axis=2) - bias[None, :], tl.sum(x_even + x_odd, axis=1)
 
 
+# ``_nibble_dot_fold`` for one word in inline PTX: its temporaries live only inside the
+# block, so the compiler cannot hoist the four shifted copies of every word a thread holds
+# (the Triton form's register cost). $1 is the word, $2..$9 x for nibbles 0..7; $0 the sum of
+# its 8 products (2048 + n) x_j for odd j, (128 + n) x_j for even j.
+_FOLD_PTX = tl.constexpr(
+    "{\n.reg .b32 t, f, lo, hi;\nmov.b32 lo, 0x45000000;\nmov.b32 hi, 0x43000000;\n"
+    "lop3.b32 f, $1, 0xF000, lo, 0xEA;\nmul.rn.f32 $0, f, $5;\n"
+    "lop3.b32 f, $1, 0xF0000, hi, 0xEA;\nfma.rn.f32 $0, f, $6, $0;\n"
+    "shl.b32 t, $1, 8;\n"
+    "lop3.b32 f, t, 0xF000, lo, 0xEA;\nfma.rn.f32 $0, f, $3, $0;\n"
+    "lop3.b32 f, t, 0xF0000, hi, 0xEA;\nfma.rn.f32 $0, f, $4, $0;\n"
+    "shr.u32 t, $1, 8;\n"
+    "lop3.b32 f, t, 0xF000, lo, 0xEA;\nfma.rn.f32 $0, f, $7, $0;\n"
+    "lop3.b32 f, t, 0xF0000, hi, 0xEA;\nfma.rn.f32 $0, f, $8, $0;\n"
+    "shl.b32 t, $1, 16;\n"
+    "lop3.b32 f, t, 0xF0000, hi, 0xEA;\nfma.rn.f32 $0, f, $2, $0;\n"
+    "shr.u32 t, $1, 16;\n"
+    "lop3.b32 f, t, 0xF000, lo, 0xEA;\nfma.rn.f32 $0, f, $9, $0;\n}"
+)
+
+
+@triton.jit
+def _nibble_dot_fold_asm(q, x0, x1, x2, x3, x4, x5, x6, x7):
+    """``_nibble_dot_fold`` with each word's products in inline PTX (``_FOLD_PTX``); CUDA
+    only (no interpreter)."""
+    shape: tl.constexpr = q.shape
+    part = tl.inline_asm_elementwise(
+        asm=_FOLD_PTX,
+        constraints="=r,r,r,r,r,r,r,r,r,r",
+        args=[
+            q,
+            tl.broadcast_to(x0[None, :, :], shape),
+            tl.broadcast_to(x1[None, :, :], shape),
+            tl.broadcast_to(x2[None, :, :], shape),
+            tl.broadcast_to(x3[None, :, :], shape),
+            tl.broadcast_to(x4[None, :, :], shape),
+            tl.broadcast_to(x5[None, :, :], shape),
+            tl.broadcast_to(x6[None, :, :], shape),
+            tl.broadcast_to(x7[None, :, :], shape),
+        ],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
+    x_even = (x0 + x2) + (x4 + x6)
+    x_odd = (x1 + x3) + (x5 + x7)
+    bias = tl.sum(x_odd * 2048.0 + x_even * 128.0, axis=1)
+    return tl.sum(part, axis=2) - bias[None, :], tl.sum(x_even + x_odd, axis=1)
+
+
 @triton.jit
 def _as_16bit(v, IS_BF16: tl.constexpr):
     """The low 16 bits of the int32 tensor v as bf16 or fp16 values."""

@@ -193,6 +193,8 @@ GPU_CONFIGS = [
     Int4GemmConfig("gemv", block_n=4, block_k=2048, split_k=1, num_warps=8, num_stages=1),
     Int4GemmConfig("gemv", 16, 32, 256, 4, 1, 1, fold=True, prefetch=True, pdl=True),
     Int4GemmConfig("gemv", 16, 64, 256, 3, 2, 2, fold=True, pdl=True),
+    Int4GemmConfig("gemv", 16, 32, 256, 4, 1, 2, fold=True, pdl=True, asm=True),
+    Int4GemmConfig("gemv", 16, 16, 128, 3, 1, 2, fold=True, asm=True),
     Int4GemmConfig("tiled", 16, 128, 128, split_k=8, nibble=True),
     Int4GemmConfig("tiled", 16, 256, 128, split_k=4, nibble=True),
     Int4GemmConfig("tiled", 64, 64, 128, split_k=2, nibble=False),
