@@ -54,8 +54,8 @@ __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequan
 @triton.jit
 def _gemv_words(qw_ptr, offs_n, n_mask, sub0, sub_end, stride_qw_n, SUB_W: tl.constexpr,
                 NUM_SUB: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
-    """Packed words [BLOCK_N, NUM_SUB, SUB_W] of sub-groups sub0 .. sub0 + NUM_SUB (those
-    from sub_end on read as 0 unless EVEN), and the sub-group indices [NUM_SUB]."""
+    """Packed words [BLOCK_N, NUM_SUB, SUB_W] of sub-groups sub0 .. sub0 + NUM_SUB; unless
+    EVEN (whole tiles), those from sub_end on and rows past N read as 0."""
     subs = sub0 + tl.arange(0, NUM_SUB)
     offs_w = tl.arange(0, SUB_W)
     words = subs[:, None] * SUB_W + offs_w[None, :]  # [NUM_SUB, SUB_W]

@@ -162,6 +162,16 @@ def _fold_code(v, HIGH: tl.constexpr):
 
 
 @triton.jit
+def _fold_finish(part, x0, x1, x2, x3, x4, x5, x6, x7):
+    """(sum_k x_k n_k per sub-group [R, S], sum_k x_k [S]) from the fold decode's per-word
+    sums ``part`` [R, S, W] of (2048 + n) x (odd j) and (128 + n) x (even j)."""
+    x_even = (x0 + x2) + (x4 + x6)
+    x_odd = (x1 + x3) + (x5 + x7)
+    bias = tl.sum(x_odd * 2048.0 + x_even * 128.0, axis=1)
+    return tl.sum(part, axis=2) - bias[None, :], tl.sum(x_even + x_odd, axis=1)
+
+
+@triton.jit
 def _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7):
     """``_nibble_dot`` without the subtraction: an AND-OR and an FMA per weight plus four
     shifts per word (each nibble moved to bits 12..19), reading 2048 + n (odd j) or 128 + n
@@ -180,10 +190,7 @@ def _nibble_dot_fold(q, x0, x1, x2, x3, x4, x5, x6, x7):
     part += _fold_code(c, False) * x5[None, :, :]
     part += _fold_code(c, True) * x6[None, :, :]
     part += _fold_code(hi, False) * x7[None, :, :]
-    x_even = (x0 + x2) + (x4 + x6)
-    x_odd = (x1 + x3) + (x5 + x7)
-    bias = tl.sum(x_odd * 2048.0 + x_even * 128.0, axis=1)
-    return tl.sum(part, axis=2) - bias[None, :], tl.sum(x_even + x_odd, axis=1)
+    return _fold_finish(part, x0, x1, x2, x3, x4, x5, x6, x7)
 
 
 # ``_nibble_dot_fold`` for one word in inline PTX: its temporaries live only inside the
@@ -230,10 +237,7 @@ def _nibble_dot_fold_asm(q, x0, x1, x2, x3, x4, x5, x6, x7):
         is_pure=True,
         pack=1,
     )
-    x_even = (x0 + x2) + (x4 + x6)
-    x_odd = (x1 + x3) + (x5 + x7)
-    bias = tl.sum(x_odd * 2048.0 + x_even * 128.0, axis=1)
-    return tl.sum(part, axis=2) - bias[None, :], tl.sum(x_even + x_odd, axis=1)
+    return _fold_finish(part, x0, x1, x2, x3, x4, x5, x6, x7)
 
 
 @triton.jit

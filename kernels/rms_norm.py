@@ -27,7 +27,7 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     TRIGGER: tl.constexpr,
 ):
-    if TRIGGER:  # a programmatic dependent (the next layer's INT4 GEMM) may launch now
+    if TRIGGER:  # a programmatic dependent (the INT4 GEMM that follows) may launch now
         tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
