@@ -126,19 +126,41 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     mm = Int4GemmConfig
     tma = {"swap": True, "pipelined": True, "asm": True, "tma": True}
     if m == 1:
-        # (outputs per program, K per loop step, warps, splits): many small programs, each
-        # splitting K, beat fewer tall ones (more warps in flight; BENCHMARKS.md); the
-        # table's configs against the decode without subtraction (fold) written in inline
-        # PTX (asm), with and without dependent launch (Int4GemmConfig's docstring).
+        # (outputs per program, K per loop step, splits, warps, stages): every gemv config of
+        # the 2026-11-30 sweeps (BENCHMARKS.md), options in Int4GemmConfig's docstring.
         gemv = Int4GemmConfig
-        out.append(gemv("gemv", 16, 32, 256, 8, 1, 2))  # the table's configs
-        out.append(gemv("gemv", 16, 16, 256, 8, 1, 2, fold=True, pdl=True))
-        out.append(gemv("gemv", 16, 32, 256, 8, 1, 2, fold=True, pdl=True))
-        for bn, split in [(16, 8), (32, 8), (16, 16), (32, 16)]:  # the fold decode in PTX
-            out.append(gemv("gemv", 16, bn, 256, split, 1, 2, fold=True, pdl=True, asm=True))
+        fold, fpd = {"fold": True}, {"fold": True, "prefetch": True, "pdl": True}
+        ptx = {"fold": True, "asm": True}
         for bn in (16, 32):
-            out.append(gemv("gemv", 16, bn, 256, 8, 1, 2, fold=True, asm=True))
-        out.append(gemv("gemv", 16, 64, 256, 8, 2, 2, fold=True, pdl=True, asm=True))
+            for split in (8, 16, 32):
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 2))  # the previous table's form
+            for split in (4, 8, 16):
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, **fold, pdl=True))
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, pdl=True))
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 1, **fpd))
+            for split in (8, 16):
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, **ptx, pdl=True))
+            out.append(gemv("gemv", 16, bn, 256, 8, 1, 2, **ptx))
+        out.append(gemv("gemv", 16, 64, 256, 8, 2, 2, **ptx, pdl=True))  # N >= 16384
+        for bn in (8, 16, 32):
+            for split in (8, 16):
+                out.append(gemv("gemv", 16, bn, 256, split, 1, 2, **fold))
+        for split in (8, 16):
+            out.append(gemv("gemv", 16, 8, 256, split, 1, 2))
+            out.append(gemv("gemv", 16, 8, 256, split, 1, 1, **fpd))
+        # long loops through a cp.async pipeline (stages in shared memory, few registers)
+        for split in (1, 2, 4, 8):
+            out.append(gemv("gemv", 16, 16, 128, split, 1, 3, **fold))
+            out.append(gemv("gemv", 16, 16, 128, split, 1, 3, **fold, pdl=True))
+        for split in (2, 4, 8):
+            out.append(gemv("gemv", 16, 32, 128, split, 1, 3, **fold))
+        for split in (2, 4):
+            out.append(gemv("gemv", 16, 32, 128, split, 2, 3, **fold))
+            out.append(gemv("gemv", 16, 16, 128, split, 1, 3))
+            out.append(gemv("gemv", 16, 32, 256, split, 2, 3, **fold))
+            out.append(gemv("gemv", 16, 16, 128, split, 1, 4, **fold))
+        for split in (1, 2, 4):
+            out.append(gemv("gemv", 16, 16, 256, split, 1, 3, **fold))
     if 1 < m <= 16:
         for split in (4, 8):
             out.append(mm("mm", 16, 64, 128, split, 4, 3, magic=True, swap=True, pipelined=True))
