@@ -142,6 +142,14 @@ def candidates(m: int) -> list[Int4GemmConfig]:
                 out.append(gemv("gemv", 16, bn, 256, split, 1, 2, **ptx, pdl=True))
             out.append(gemv("gemv", 16, bn, 256, 8, 1, 2, **ptx))
         out.append(gemv("gemv", 16, 64, 256, 8, 2, 2, **ptx, pdl=True))  # N >= 16384
+        # not yet timed (for the next device run): the PTX fold with more warps per program,
+        # with the register prefetch, and in longer cp.async-pipelined loops
+        for bn, warps, split in [(32, 2, 8), (64, 2, 4), (64, 2, 16), (64, 4, 8), (128, 4, 8)]:
+            out.append(gemv("gemv", 16, bn, 256, split, warps, 2, **ptx, pdl=True))
+        out.append(gemv("gemv", 16, 16, 256, 8, 1, 1, **ptx, prefetch=True, pdl=True))
+        for split in (2, 4):
+            out.append(gemv("gemv", 16, 16, 256, split, 1, 3, **ptx, pdl=True))
+            out.append(gemv("gemv", 16, 64, 256, split, 4, 3, **ptx, pdl=True))
         for bn in (8, 16, 32):
             for split in (8, 16):
                 out.append(gemv("gemv", 16, bn, 256, split, 1, 2, **fold))
