@@ -147,6 +147,8 @@ def candidates(m: int) -> list[Int4GemmConfig]:
         for bn, warps, split in [(32, 2, 8), (64, 2, 4), (64, 2, 16), (64, 4, 8), (128, 4, 8)]:
             out.append(gemv("gemv", 16, bn, 256, split, warps, 2, **ptx, pdl=True))
         out.append(gemv("gemv", 16, 16, 256, 8, 1, 1, **ptx, prefetch=True, pdl=True))
+        for bn, split in [(16, 4), (16, 8), (32, 4)]:  # 512 K per step: fewer epilogues
+            out.append(gemv("gemv", 16, bn, 512, split, 1, 2, **ptx, pdl=True))
         for split in (2, 4):
             out.append(gemv("gemv", 16, 16, 256, split, 1, 3, **ptx, pdl=True))
             out.append(gemv("gemv", 16, 64, 256, split, 4, 3, **ptx, pdl=True))
