@@ -10,21 +10,15 @@ Variants (bf16 x, one warp, 256 K per step, 2 stages): ``plain`` (``_nibble_dot`
 subtract, FMA per weight), ``fold`` (``_nibble_dot_fold`` in Triton), ``fold-asm`` (the same in
 inline PTX), each with 16 and 32 outputs per program.
 
-    python benchmarks/sass_int4_gemv.py
+    PYTHONPATH=. python benchmarks/sass_int4_gemv.py
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import re
-import subprocess
-import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-
+from benchmarks.sass_int4_mm import compile_sm90, cuobjdump
 from kernels.int4_gemm import _int4_gemv_kernel
 
 INTS = ["N", "K", "group_size", "subs_per_split", "num_splits", "stride_x_m", "stride_x32_m",
@@ -39,36 +33,17 @@ def compile_variant(fold: int, block_n: int) -> bytes:
                   "PREFETCH": False, "PDL": True}  # fmt: skip
     signature = {"x_ptr": "*bf16", "x32_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
                  "o_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
-                 "lock_ptr": "*i32"}  # fmt: skip
-    signature.update(dict.fromkeys(INTS, "i32"))
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
-    names = list(_int4_gemv_kernel.arg_names)
-    signature = {n: signature[n] for n in names}  # in argument order, as Triton reads it
-    attrs = {
-        (names.index(n),): [["tt.divisibility", 16]]
-        for n in names
-        if n in ALIGNED or signature[n].startswith("*")
-    }
-    source = ASTSource(_int4_gemv_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "num_stages": 2}
-    )
-    return compiled.asm["cubin"]
+                 "lock_ptr": "*i32", **dict.fromkeys(INTS, "i32")}  # fmt: skip
+    return compile_sm90(_int4_gemv_kernel, signature, constexprs, ALIGNED, 1, 2)
 
 
 def inspect(cubin: bytes) -> tuple[collections.Counter, int]:
     """(opcode counts, registers per thread) of a cubin."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True)
     ops = collections.Counter(
         re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip()).split()[0].split(".")[0]
-        for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(.*?);", sass)
+        for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(.*?);", cuobjdump(cubin, "-sass"))
     )
-    return ops, int(re.search(r"REG:(\d+)", usage.stdout).group(1))
+    return ops, int(re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1))
 
 
 def main() -> None:

@@ -52,28 +52,39 @@ def compile_variant(variant: str) -> bytes:
         constexprs = {**common, "IEEE": False, "MAGIC_DQ": variant == "magic", "SWAP": True,
                       "PIPELINED": True, "EVEN_K": True, "ASM": variant == "asm"}  # fmt: skip
     signature.update(dict.fromkeys(ints, "i32"))
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    return compile_sm90(kernel, signature, constexprs, ALIGNED, num_warps=4, num_stages=3)
+
+
+def compile_sm90(
+    kernel, signature: dict, constexprs: dict, aligned, num_warps: int, num_stages: int
+) -> bytes:
+    """The sm_90 cubin of ``kernel`` for the given argument types and constexprs, with the
+    launchers' 16-divisibility hints on pointers and on the ``aligned`` integer arguments."""
+    signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = list(kernel.arg_names)
     signature = {n: signature[n] for n in names}  # in argument order, as Triton reads it
     attrs = {
         (names.index(n),): [["tt.divisibility", 16]]
         for n in names
-        if n in ALIGNED or signature.get(n, "").startswith("*")
+        if n in aligned or signature[n].startswith("*")
     }
     source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3}
-    )
-    return compiled.asm["cubin"]
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
 
 
-def main_loop(cubin: bytes) -> list[str]:
-    """Opcodes of the smallest loop (backward branch) that contains an HGMMA."""
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """Output of Triton's bundled ``cuobjdump FLAG`` (``-sass``, ``-res-usage``) on a cubin."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
+
+
+def main_loop(cubin: bytes) -> list[str]:
+    """Opcodes of the smallest loop (backward branch) that contains an HGMMA."""
+    sass = cuobjdump(cubin, "-sass")
     insts = [
         (int(m.group(1), 16), m.group(2).strip())
         for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
