@@ -125,6 +125,7 @@ def candidates(m: int) -> list[Int4GemmConfig]:
     out: list[Int4GemmConfig] = []
     mm = Int4GemmConfig
     tma = {"swap": True, "pipelined": True, "asm": True, "tma": True}
+    ktma = {"pipelined": True, "asm": True, "tma": True}  # TMA, not swapped (K-order weights)
     if m == 1:
         # (outputs per program, K per loop step, splits, warps, stages): every gemv config of
         # the 2026-11-30 sweeps (BENCHMARKS.md), options in Int4GemmConfig's docstring.
@@ -181,6 +182,8 @@ def candidates(m: int) -> list[Int4GemmConfig]:
         for bn, split, stages in [(64, 4, 3), (64, 8, 3), (64, 16, 3), (64, 8, 4), (64, 8, 6),
                                   (128, 4, 3), (128, 8, 4), (32, 8, 4), (32, 16, 4)]:  # fmt: skip
             out.append(mm("mm", 16, bn, 128, split, 4, stages, **tma))
+        for bn, split in [(64, 8), (128, 4)]:  # not swapped: x from the TMA buffer, K order
+            out.append(mm("mm", 16, bn, 128, split, 4, 3, **ktma))
     if m == 64:
         out.append(mm("mm", 64, 32, 128, 4, 4, 3, magic=True))
         out.append(mm("mm", 64, 64, 128, 4, 4, 3, magic=True, pipelined=True))
@@ -192,18 +195,37 @@ def candidates(m: int) -> list[Int4GemmConfig]:
         for bn, split, stages in [(64, 1, 3), (64, 2, 3), (64, 4, 3), (64, 4, 4), (128, 1, 3),
                                   (128, 2, 3), (128, 1, 4)]:  # fmt: skip
             out.append(mm("mm", 64, bn, 128, split, 4, stages, **tma))
+        for bn, bk, split, warps, stages in [(64, 128, 4, 4, 3), (128, 128, 1, 4, 3),
+                                             (128, 128, 2, 4, 3), (128, 64, 2, 4, 4),
+                                             (256, 64, 1, 8, 3), (256, 128, 1, 8, 2)]:  # fmt: skip
+            out.append(mm("mm", 64, bn, bk, split, warps, stages, **ktma))
     if m >= 64:
         out.append(Int4GemmConfig("dequant"))
+        out.append(Int4GemmConfig("dequant", asm=True))
     if m >= 256:
-        for bm, bn, bk, warps, stages in [
-            (128, 128, 64, 8, 3),
-            (128, 128, 64, 8, 4),
-            (128, 256, 64, 8, 3),
-            (64, 128, 128, 4, 3),
-            (128, 128, 128, 8, 3),
+        # dequantize a chunk of output features at a time into a scratch buffer held in L2
+        for chunk in (1024, 2048, 4096, 8192):
+            out.append(Int4GemmConfig("dequant", asm=True, chunk_n=chunk))
+        out.append(Int4GemmConfig("dequant", chunk_n=4096))
+    if m >= 256:
+        # (2026-11-29: the pointer-load asm kernel, swapped or not, at 64-128 x 128-256 was
+        # 2.2-2.9x slower than dequant; BENCHMARKS.md.) Not swapped, TMA: x feeds the MMA
+        # from shared memory, the dequantized tile is stored there in K order.
+        for bm, bn, bk, warps, stages, split in [
+            (128, 128, 128, 8, 3, 1),
+            (128, 128, 64, 8, 4, 1),
+            (128, 256, 64, 8, 3, 1),
+            (128, 256, 128, 8, 2, 1),
+            (256, 128, 64, 8, 3, 1),
+            (256, 128, 128, 8, 2, 1),
+            (128, 128, 128, 4, 3, 1),
+            (64, 128, 128, 4, 4, 1),
+            (64, 256, 64, 4, 4, 1),
+            (128, 128, 128, 8, 3, 2),
+            (128, 256, 64, 8, 3, 2),
+            (256, 128, 64, 8, 3, 2),
         ]:
-            out.append(mm("mm", bm, bn, bk, 1, warps, stages, pipelined=True, asm=True))
-            out.append(mm("mm", bm, bn, bk, 1, warps, stages, swap=True, pipelined=True, asm=True))
+            out.append(mm("mm", bm, bn, bk, split, warps, stages, **ktma))
     return out
 
 

@@ -7,9 +7,11 @@ opcodes. Indicative only: the device may run another Triton version.
 
 Variants (16 x 64 tile, K step 128, bf16, 4 warps, 3 stages, swapped operands, pipelined):
 ``magic`` (magic-number decode, pointer loads), ``asm`` (inline-PTX decode, pointer loads),
-``tma`` (inline-PTX decode, TMA tile loads).
+``tma`` (inline-PTX decode, TMA tile loads); and ``tma-large``, the large-M form: 128 x 128
+tile, 8 warps, operands not swapped (x straight from the TMA buffer, the weight tile in K
+order through shared memory).
 
-    python benchmarks/sass_int4_mm.py [magic asm tma]
+    python benchmarks/sass_int4_mm.py [magic asm tma tma-large]
 """
 
 from __future__ import annotations
@@ -34,16 +36,18 @@ ALIGNED = ["N", "K", "k_per_split", "stride_s_g", "stride_out_m", "group_size", 
 
 def compile_variant(variant: str) -> bytes:
     """The sm_90 cubin of one variant, with the launcher's 16-divisibility hints."""
-    common = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K, "GROUP_M": 8,
-              "MODE": 2, "NUM_STAGES": 3, "EVEN_N": True}  # fmt: skip
+    large = variant == "tma-large"
+    block_m, block_n, num_warps = (128, 128, 8) if large else (BLOCK_M, BLOCK_N, 4)
+    common = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": BLOCK_K, "GROUP_M": 8,
+              "MODE": 1 if large else 2, "NUM_STAGES": 3, "EVEN_N": True}  # fmt: skip
     signature = {"s_ptr": "*bf16", "o_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
                  "lock_ptr": "*i32"}  # fmt: skip
-    if variant == "tma":
+    if variant.startswith("tma"):
         kernel = _int4_mm_tma_kernel
-        signature["x_desc"] = f"tensordesc<bf16[{BLOCK_M}, {BLOCK_K}]>"
-        signature["qw_desc"] = f"tensordesc<i32[{BLOCK_N}, {BLOCK_K // 8}]>"
+        signature["x_desc"] = f"tensordesc<bf16[{block_m}, {BLOCK_K}]>"
+        signature["qw_desc"] = f"tensordesc<i32[{block_n}, {BLOCK_K // 8}]>"
         ints = ["M", "N", "K", "k_per_split", "num_splits", "stride_s_g", "stride_out_m"]
-        constexprs = common
+        constexprs = {**common, "GROUP_TILES": 1, "SWAP": not large}
     else:
         kernel = _int4_mm_kernel
         signature.update({"x_ptr": "*bf16", "qw_ptr": "*i32"})
@@ -52,7 +56,7 @@ def compile_variant(variant: str) -> bytes:
         constexprs = {**common, "IEEE": False, "MAGIC_DQ": variant == "magic", "SWAP": True,
                       "PIPELINED": True, "EVEN_K": True, "ASM": variant == "asm"}  # fmt: skip
     signature.update(dict.fromkeys(ints, "i32"))
-    return compile_sm90(kernel, signature, constexprs, ALIGNED, num_warps=4, num_stages=3)
+    return compile_sm90(kernel, signature, constexprs, ALIGNED, num_warps=num_warps, num_stages=3)
 
 
 def compile_sm90(
@@ -103,7 +107,7 @@ def main_loop(cubin: bytes) -> list[str]:
 
 
 def main() -> None:
-    for variant in sys.argv[1:] or ["magic", "asm", "tma"]:
+    for variant in sys.argv[1:] or ["magic", "asm", "tma", "tma-large"]:
         ops = main_loop(compile_variant(variant))
         top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(12))
         print(f"{variant}: {len(ops)} instructions per K step of {BLOCK_K} ({top})")

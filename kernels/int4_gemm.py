@@ -329,7 +329,8 @@ def _mm_step(
     (acc [BN, BM]: the dequantized weight is the left operand, kept in registers).
 
     ASM (16-bit x, CUDA): the tile is dequantized by inline PTX two weights at a time
-    (``_dequant_asm``), its K positions permuted within each word; x is read in that order."""
+    (``_dequant_asm``); with SWAP its K positions are permuted within each word (the order of
+    a register operand) and x is read in that order."""
     offs_k = tl.multiple_of(k0, BLOCK_K) + tl.arange(0, BLOCK_K)
     if EVEN_K:
         x = tl.load(x_ptrs + offs_k[None, :], mask=m_mask[:, None], other=0.0)
@@ -339,8 +340,9 @@ def _mm_step(
         )
     s, o = _group_scales(s_ptr, o_ptr, s_row, offs_n, n_mask, EVEN_N)
     if ASM:
-        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype))
-        x = _asm_k_order(x)
+        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype), SWAP)
+        if SWAP:
+            x = _asm_k_order(x)
     elif MAGIC_DQ:
         w = _dequant_words(q, s, o, x.dtype)
     else:
@@ -496,32 +498,49 @@ def _int4_mm_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_TILES: tl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
     GROUP_M: tl.constexpr,
     MODE: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     EVEN_N: tl.constexpr,
+    SWAP: tl.constexpr,
 ):
-    # The mm kernel's swap + asm path with both operand tiles fetched by the TMA engine
-    # (no per-thread addresses; rows and columns past M, N, K read as 0): acc [BN, BM] +=
-    # dequant(W tile) @ x tile^T, one quantization group per K tile.
+    # The mm kernel's asm path with both operand tiles fetched by the TMA engine (no
+    # per-thread addresses; rows and columns past M, N, K read as 0), K tiles within one
+    # quantization group. SWAP: acc [BN, BM] += dequant(W tile) @ x tile^T, the weight a
+    # register operand (K permuted within words in both). Else acc [BM, BN] += x tile @
+    # dequant(W tile)^T in K order: x feeds the MMA from the TMA buffer in shared memory, and
+    # the dequantized tile is stored there once (large M).
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m, pid_n = _tile_coords(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         q = qw_desc.load([pid_n * BLOCK_N, k0 // 8])
         x = x_desc.load([pid_m * BLOCK_M, k0])
-        s, o = _group_scales(s_ptr, o_ptr, (k0 // BLOCK_K) * stride_s_g, offs_n, n_mask, EVEN_N)
-        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype))
-        acc = tl.dot(w, tl.trans(_asm_k_order(x)), acc=acc)
-    mask = n_mask[:, None] & (offs_m < M)[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_n[:, None]
-    ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+        row = 0 if GROUP_TILES == 0 else (k0 // BLOCK_K) // GROUP_TILES
+        s, o = _group_scales(s_ptr, o_ptr, row * stride_s_g, offs_n, n_mask, EVEN_N)
+        w = _dequant_asm(q, s.to(x.dtype), o.to(x.dtype), SWAP)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(_asm_k_order(x)), acc=acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc=acc)
+    if SWAP:
+        mask = n_mask[:, None] & (offs_m < M)[None, :]
+        out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_n[:, None]
+        ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_n[:, None]
+    else:
+        mask = (offs_m < M)[:, None] & n_mask[None, :]
+        out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
+        ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
     _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE)
 
 
@@ -531,7 +550,8 @@ def _int4_dequant_kernel(
     s_ptr,
     o_ptr,
     out_ptr,
-    N,
+    n_start,
+    n_end,
     K,
     group_size,
     stride_qw_n,
@@ -539,26 +559,32 @@ def _int4_dequant_kernel(
     stride_out_n,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ASM: tl.constexpr,
 ):
-    # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
-    # BLOCK_K divides group_size (or K is one group): one scale per row of the tile.
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Writes dequant(W)[n_start:n_end] [n_end - n_start, K] in the output dtype, for the
+    # cuBLAS path at large M. BLOCK_K divides group_size (or K is one group): one scale per
+    # row of the tile. ASM (16-bit output, CUDA): inline-PTX decode, two weights at a time.
+    offs_n = n_start + tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-    n_mask = offs_n < N
+    n_mask = offs_n < n_end
     q = tl.load(
         qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
         mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
         other=0,
     )
     g = k0 // group_size
-    s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    w = _unpack(q).to(tl.float32) * s[:, None] + o[:, None]
+    s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0)
+    o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0)
+    if ASM:
+        dtype = out_ptr.dtype.element_ty
+        w = _dequant_asm(q, s.to(dtype), o.to(dtype), False)
+    else:
+        w = _unpack(q).to(tl.float32) * s.to(tl.float32)[:, None] + o.to(tl.float32)[:, None]
     mask = n_mask[:, None] & (offs_k[None, :] < K)
     tl.store(
-        out_ptr + offs_n[:, None] * stride_out_n + offs_k[None, :],
+        out_ptr + (offs_n - n_start)[:, None] * stride_out_n + offs_k[None, :],
         w.to(out_ptr.dtype.element_ty),
         mask=mask,
     )
@@ -595,19 +621,30 @@ def _check(x: torch.Tensor, weight: Int4Weight) -> None:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {weight.in_features}")
 
 
-def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
-    """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order)."""
-    n, k = weight.out_features, weight.in_features
-    out = torch.empty((n, k), dtype=dtype, device=weight.qweight.device)
+def dequantize_int4_triton(
+    weight: Int4Weight,
+    dtype: torch.dtype,
+    rows: tuple[int, int] | None = None,
+    out: torch.Tensor | None = None,
+    asm: bool = False,
+) -> torch.Tensor:
+    """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order);
+    ``rows`` (start, end) limits it to those output features, written into ``out`` if given.
+    ``asm``: the inline-PTX decode (16-bit dtype on CUDA; else ignored)."""
+    k = weight.in_features
+    start, end = rows or (0, weight.out_features)
+    if out is None:
+        out = torch.empty((end - start, k), dtype=dtype, device=weight.qweight.device)
     g = weight.group_size
     block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g
-    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
+    grid = (triton.cdiv(end - start, block_n), triton.cdiv(k, block_k))
     _int4_dequant_kernel[grid](
         weight.qweight,
         weight.scales,
         weight.offsets,
         out,
-        n,
+        start,
+        end,
         k,
         weight.group_size,
         weight.qweight.stride(0),
@@ -615,7 +652,24 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
         out.stride(0),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        ASM=asm and dtype in _MAGIC and out.device.type == "cuda" and k % block_k == 0,
     )
+    return out
+
+
+def _dequant_linear(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    """The ``dequant`` strategy: dequantize, then cuBLAS. With ``chunk_n``, ``chunk_n`` output
+    features at a time into one scratch buffer that stays in L2, each chunk's product written
+    straight into its columns of the output (cuBLAS takes the row stride)."""
+    n = weight.out_features
+    if not cfg.chunk_n or cfg.chunk_n >= n:
+        return torch.nn.functional.linear(x, dequantize_int4_triton(weight, x.dtype, asm=cfg.asm))
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    scratch = torch.empty((cfg.chunk_n, weight.in_features), dtype=x.dtype, device=x.device)
+    for start in range(0, n, cfg.chunk_n):
+        end = min(start + cfg.chunk_n, n)
+        w = dequantize_int4_triton(weight, x.dtype, (start, end), scratch[: end - start], cfg.asm)
+        torch.mm(x, w.t(), out=out[:, start:end])
     return out
 
 
@@ -641,7 +695,7 @@ def int4_gemm(
     n = weight.out_features
     cfg = config or choose_config(m, n, k, weight.group_size, x2.device)
     if cfg.strategy == "dequant":
-        out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
+        out = _dequant_linear(x2, weight, cfg)
     else:
         out = _launch(x2, weight, cfg)
     if bias is not None:
@@ -791,16 +845,15 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
 
 
 def _tma_ok(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig, block_k: int) -> bool:
-    """Whether the TMA variant applies: sm_90+, 16-bit x, swap + asm, tiles of whole groups,
+    """Whether the TMA variant applies: sm_90+, 16-bit x, asm, K tiles within one group,
     and rows that TMA can address (16-byte aligned bases and row strides)."""
     return (
         cfg.tma
-        and cfg.swap
         and cfg.asm
         and x.device.type == "cuda"
         and x.dtype in _MAGIC
         and torch.cuda.get_device_capability(x.device)[0] >= 9
-        and block_k == weight.group_size
+        and weight.group_size % block_k == 0
         and x.stride(1) == 1
         and weight.qweight.stride(1) == 1
         and all(
@@ -837,10 +890,12 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=block_k,
+            GROUP_TILES=0 if g == k else g // block_k,
             GROUP_M=8,
             MODE=mode,
             NUM_STAGES=cfg.num_stages,
             EVEN_N=n % cfg.block_n == 0,
+            SWAP=cfg.swap,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

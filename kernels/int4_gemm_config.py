@@ -42,6 +42,9 @@ class Int4GemmConfig:
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
+    ``dequant`` only: ``chunk_n`` > 0 dequantizes that many output features at a time into a
+    scratch buffer that stays in L2 (each chunk then one cuBLAS product); ``asm`` decodes by
+    inline PTX.
     """
 
     strategy: str
@@ -60,6 +63,7 @@ class Int4GemmConfig:
     fold: bool = False
     prefetch: bool = False
     pdl: bool = False
+    chunk_n: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -68,6 +72,8 @@ class Int4GemmConfig:
             v = getattr(self, name)
             if v < least or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
+        if self.chunk_n < 0:
+            raise ValueError(f"chunk_n must be >= 0, got {self.chunk_n}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 
@@ -84,31 +90,40 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     """The table: strategy and tiles from the number of rows M and the weight's shape.
 
     From the H200 sweeps of 2026-11-29 and 30 (Llama-3-8B shapes, group 128; BENCHMARKS.md,
-    "INT4 GEMM"): M = 1 gemv, split-K 8, the ``fold`` decode in inline PTX, launched as a
-    programmatic dependent: 64 outputs per two-warp program for wide weights (N >= 16384),
-    else one-warp programs of 32 outputs for N > 4096 and K < 8192, else of 16; M <= 16 the
-    mm kernel 16 x 64 with swapped operands, inline-PTX dequantization and TMA tile loads
-    (magic-number dequantization and pointer loads where those do not apply), split-K 8 (4
-    for wide weights); M <= 64 the same kernel 64 x 64 split-K 4 (N <= 8192) or 64 x 128
-    unsplit (wider); above, dequantize + cuBLAS was fastest.
+    "INT4 GEMM"): M = 1 gemv, the ``fold`` decode in inline PTX, launched as a programmatic
+    dependent: 64 outputs per two-warp program for wide weights (N >= 16384, split-K 8) and
+    for N <= 4096 with K >= 4096 (split-K 16), else one-warp programs of 32 outputs for
+    N > 4096 and K < 8192, else of 16 (split-K 8); M <= 16 the mm kernel 16 x 64 with swapped
+    operands, inline-PTX dequantization and TMA tile loads (magic-number dequantization and
+    pointer loads where those do not apply), split-K 8 (4 for wide weights); M <= 64 the same
+    kernel not swapped (x feeds the MMA from the TMA buffer, the weight tile is stored in K
+    order), 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); M <= 256 with N > 8192
+    the same at 128 x 128 x 64, 8 warps; above, and for narrower weights, dequantize + cuBLAS
+    was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
-        split = _pow2_split(8, k, 256, 32)
         fold = {"fold": True, "asm": True, "pdl": True}
         if n >= 16384:  # wide (gate_up, lm_head): 64 outputs per two-warp program
-            return Int4GemmConfig("gemv", 16, 64, 256, split, 2, 2, **fold)
+            return Int4GemmConfig("gemv", 16, 64, 256, _pow2_split(8, k, 256, 32), 2, 2, **fold)
+        if n <= 4096 and k >= 4096:
+            return Int4GemmConfig("gemv", 16, 64, 256, _pow2_split(16, k, 256, 32), 2, 2, **fold)
         block_n = 32 if n > 4096 and k < 8192 else 16
-        return Int4GemmConfig("gemv", 16, block_n, 256, split, 1, 2, **fold)
+        return Int4GemmConfig("gemv", 16, block_n, 256, _pow2_split(8, k, 256, 32), 1, 2, **fold)
     small = n <= 8192
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
-    tma = {"magic": True, "swap": True, "pipelined": True, "asm": True, "tma": True}
+    tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}
     if m <= 16:
-        return Int4GemmConfig(
-            "mm", 16, 64, block_k, _pow2_split(8 if small else 4, k, block_k, 8), 4, 3, **tma
-        )
+        split = _pow2_split(8 if small else 4, k, block_k, 8)
+        return Int4GemmConfig("mm", 16, 64, block_k, split, 4, 3, swap=True, **tma)
+    # Not swapped where K tiles are >= 64: Triton 3.6 (and 3.9) fail to compile the 64 x 128
+    # tile with K tiles of 32 unswapped (TritonGPUOptimizeDotOperands); swapped compiles.
+    swap = block_k < 64
     if m <= 64:
         if small:
-            return Int4GemmConfig("mm", 64, 64, block_k, _pow2_split(4, k, block_k, 4), 4, 3, **tma)
-        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, **tma)
+            split = _pow2_split(4, k, block_k, 4)
+            return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, swap=swap, **tma)
+        return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, swap=swap, **tma)
+    if m <= 256 and not small:
+        return Int4GemmConfig("mm", 128, 128, min(block_k, 64), 1, 8, 4, **tma)
     return Int4GemmConfig("dequant")

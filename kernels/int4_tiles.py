@@ -351,14 +351,15 @@ _DEQUANT_PTX_F16 = tl.constexpr(
 
 
 @triton.jit
-def _dequant_asm(q, s, o):
+def _dequant_asm(q, s, o, PAIRED: tl.constexpr = True):
     """int32 words q [R, W], the tile's scale s and offset o [R] in x's dtype (bf16 or fp16)
     -> weights q * s + o [R, 8W] in that dtype, by inline PTX on pairs (see
     ``_DEQUANT_PTX_TEMPLATE``): about 2 instructions per weight. CUDA only (no interpreter).
 
-    Position t of a word's 8 weights holds nibble ``t // 2 + 4 * (t % 2)`` (the two halves
-    of one register sit side by side, as the MMA reads them): the caller reads x in the same
-    order (``_asm_k_order``).
+    PAIRED: position t of a word's 8 weights holds nibble ``t // 2 + 4 * (t % 2)`` (the two
+    halves of one register sit side by side, as the MMA reads a register operand): the caller
+    reads x in the same order (``_asm_k_order``). Else the weights are in K order (for a tile
+    that goes through shared memory anyway, as the right operand of ``tl.dot`` does).
     """
     qq = tl.join(q, q)
     ss = tl.broadcast_to(tl.join(s, s)[:, None, :], qq.shape)
@@ -371,9 +372,10 @@ def _dequant_asm(q, s, o):
         is_pure=True,
         pack=2,
     )
-    # [R, W, 2 (nibble j or j + 4), a, b] with j = 2a + b, then pairs innermost: t = 2j + pair
+    # [R, W, pair (nibble j or j + 4), a, b] with j = 2a + b: K order is 4 pair + j
     w = tl.join(tl.join(p0, p2), tl.join(p1, p3))
-    w = tl.permute(w, (0, 1, 3, 4, 2))
+    if PAIRED:  # pairs innermost: t = 2j + pair
+        w = tl.permute(w, (0, 1, 3, 4, 2))
     return tl.reshape(w, [q.shape[0], 8 * q.shape[1]])
 
 

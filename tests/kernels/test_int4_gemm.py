@@ -62,6 +62,7 @@ CONFIGS = [
     ("tiled", Int4GemmConfig("tiled", block_m=16, block_n=32, block_k=64, split_k=1)),
     ("tiled-split", Int4GemmConfig("tiled", block_m=32, block_n=16, block_k=32, split_k=2)),
     ("dequant", Int4GemmConfig("dequant")),
+    ("dequant-chunk", Int4GemmConfig("dequant", chunk_n=16)),
     ("gemv-nibble", Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=2, nibble=True)),
     ("tiled-nibble", Int4GemmConfig("tiled", 16, 16, 128, split_k=2, nibble=True)),
     ("tiled-nibble-1", Int4GemmConfig("tiled", 32, 32, 128, split_k=1, nibble=True)),
@@ -93,6 +94,7 @@ ROWS = {
     "tiled": [1, 37],
     "tiled-split": [16, 300],
     "dequant": [5, 300],
+    "dequant-chunk": [3, 300],
     "gemv-nibble": [1, 2],
     "tiled-nibble": [1, 19],
     "tiled-nibble-1": [3],
@@ -165,11 +167,12 @@ def test_bad_input_raises():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 16, 64, 300])
-def test_cuda_graph_replay_bf16(m):
-    """The table's launch for each M bucket inside a CUDA graph (split-K workspace included),
-    replayed on fresh inputs."""
-    weight = random_weight(4096 + 56, 1024, 128, seed=m)
+@pytest.mark.parametrize("m, n", [(1, 4152), (16, 4152), (64, 4152), (300, 4152), (64, 8248),
+                                  (200, 8248), (1, 16440)])  # fmt: skip
+def test_cuda_graph_replay_bf16(m, n):
+    """The table's launch for each M bucket and weight width inside a CUDA graph (split-K
+    workspace included), replayed on fresh inputs."""
+    weight = random_weight(n, 1024, 128, seed=m)
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
     int4_gemm(x, weight)  # compile and size the workspace outside the capture
     stream = torch.cuda.Stream()
@@ -208,11 +211,17 @@ GPU_CONFIGS = [
     Int4GemmConfig("mm", 128, 128, 64, num_warps=8, num_stages=3, pipelined=True, asm=True),
     Int4GemmConfig("mm", 16, 64, 128, split_k=4, swap=True, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 64, 64, 128, split_k=1, swap=True, pipelined=True, asm=True, tma=True),
+    # weights in K order through shared memory, x from the TMA buffer (large M)
+    Int4GemmConfig("mm", 128, 128, 128, 1, 8, 3, pipelined=True, asm=True, tma=True),
+    Int4GemmConfig("mm", 128, 128, 64, 1, 8, 4, pipelined=True, asm=True, tma=True),
+    Int4GemmConfig("mm", 64, 64, 64, 2, 4, 4, pipelined=True, asm=True, tma=True),
+    Int4GemmConfig("dequant", asm=True),
+    Int4GemmConfig("dequant", asm=True, chunk_n=256),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group_size", [128, 32])
+@pytest.mark.parametrize("group_size", [128, 32, 2048])
 @pytest.mark.parametrize(
     "config",
     GPU_CONFIGS,
@@ -223,6 +232,7 @@ GPU_CONFIGS = [
             for f in ("magic", "swap", "pipelined", "asm", "tma", "fold", "prefetch", "pdl")
             if getattr(c, f)
         )
+        + (f"-chunk{c.chunk_n}" if c.chunk_n else "")
     ),
 )
 def test_strategies_bf16(config, group_size):
@@ -234,7 +244,7 @@ def test_strategies_bf16(config, group_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("swap, tma", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("swap, tma", [(False, False), (True, False), (True, True), (False, True)])
 def test_asm_dequant_fp16(swap, tma):
     # The inline-PTX dequantization has its own fp16 code (f16x2, bias 1024); bf16 above.
     weight = random_weight(512 + 16, 1024, 128, seed=3)
