@@ -201,12 +201,6 @@ def candidates(m: int) -> list[Int4GemmConfig]:
             out.append(mm("mm", 64, bn, bk, split, warps, stages, **ktma))
     if m >= 64:
         out.append(Int4GemmConfig("dequant"))
-        out.append(Int4GemmConfig("dequant", asm=True))
-    if m >= 256:
-        # dequantize a chunk of output features at a time into a scratch buffer held in L2
-        for chunk in (1024, 2048, 4096, 8192):
-            out.append(Int4GemmConfig("dequant", asm=True, chunk_n=chunk))
-        out.append(Int4GemmConfig("dequant", chunk_n=4096))
     if m >= 256:
         # (2026-11-29: the pointer-load asm kernel, swapped or not, at 64-128 x 128-256 was
         # 2.2-2.9x slower than dequant; BENCHMARKS.md.) Not swapped, TMA: x feeds the MMA

@@ -550,8 +550,7 @@ def _int4_dequant_kernel(
     s_ptr,
     o_ptr,
     out_ptr,
-    n_start,
-    n_end,
+    N,
     K,
     group_size,
     stride_qw_n,
@@ -559,32 +558,26 @@ def _int4_dequant_kernel(
     stride_out_n,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ASM: tl.constexpr,
 ):
-    # Writes dequant(W)[n_start:n_end] [n_end - n_start, K] in the output dtype, for the
-    # cuBLAS path at large M. BLOCK_K divides group_size (or K is one group): one scale per
-    # row of the tile. ASM (16-bit output, CUDA): inline-PTX decode, two weights at a time.
-    offs_n = n_start + tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
+    # BLOCK_K divides group_size (or K is one group): one scale per row of the tile.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-    n_mask = offs_n < n_end
+    n_mask = offs_n < N
     q = tl.load(
         qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
         mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
         other=0,
     )
     g = k0 // group_size
-    s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0)
-    o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0)
-    if ASM:
-        dtype = out_ptr.dtype.element_ty
-        w = _dequant_asm(q, s.to(dtype), o.to(dtype), False)
-    else:
-        w = _unpack(q).to(tl.float32) * s.to(tl.float32)[:, None] + o.to(tl.float32)[:, None]
+    s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    w = _unpack(q).to(tl.float32) * s[:, None] + o[:, None]
     mask = n_mask[:, None] & (offs_k[None, :] < K)
     tl.store(
-        out_ptr + (offs_n - n_start)[:, None] * stride_out_n + offs_k[None, :],
+        out_ptr + offs_n[:, None] * stride_out_n + offs_k[None, :],
         w.to(out_ptr.dtype.element_ty),
         mask=mask,
     )
@@ -621,30 +614,19 @@ def _check(x: torch.Tensor, weight: Int4Weight) -> None:
         raise ValueError(f"x has {x.shape[-1]} input features, the weight {weight.in_features}")
 
 
-def dequantize_int4_triton(
-    weight: Int4Weight,
-    dtype: torch.dtype,
-    rows: tuple[int, int] | None = None,
-    out: torch.Tensor | None = None,
-    asm: bool = False,
-) -> torch.Tensor:
-    """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order);
-    ``rows`` (start, end) limits it to those output features, written into ``out`` if given.
-    ``asm``: the inline-PTX decode (16-bit dtype on CUDA; else ignored)."""
-    k = weight.in_features
-    start, end = rows or (0, weight.out_features)
-    if out is None:
-        out = torch.empty((end - start, k), dtype=dtype, device=weight.qweight.device)
+def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """dequant(W) [N, K] in ``dtype`` through the Triton dequant kernel (K in stored order)."""
+    n, k = weight.out_features, weight.in_features
+    out = torch.empty((n, k), dtype=dtype, device=weight.qweight.device)
     g = weight.group_size
     block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g
-    grid = (triton.cdiv(end - start, block_n), triton.cdiv(k, block_k))
+    grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _int4_dequant_kernel[grid](
         weight.qweight,
         weight.scales,
         weight.offsets,
         out,
-        start,
-        end,
+        n,
         k,
         weight.group_size,
         weight.qweight.stride(0),
@@ -652,24 +634,7 @@ def dequantize_int4_triton(
         out.stride(0),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        ASM=asm and dtype in _MAGIC and out.device.type == "cuda" and k % block_k == 0,
     )
-    return out
-
-
-def _dequant_linear(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
-    """The ``dequant`` strategy: dequantize, then cuBLAS. With ``chunk_n``, ``chunk_n`` output
-    features at a time into one scratch buffer that stays in L2, each chunk's product written
-    straight into its columns of the output (cuBLAS takes the row stride)."""
-    n = weight.out_features
-    if not cfg.chunk_n or cfg.chunk_n >= n:
-        return torch.nn.functional.linear(x, dequantize_int4_triton(weight, x.dtype, asm=cfg.asm))
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
-    scratch = torch.empty((cfg.chunk_n, weight.in_features), dtype=x.dtype, device=x.device)
-    for start in range(0, n, cfg.chunk_n):
-        end = min(start + cfg.chunk_n, n)
-        w = dequantize_int4_triton(weight, x.dtype, (start, end), scratch[: end - start], cfg.asm)
-        torch.mm(x, w.t(), out=out[:, start:end])
     return out
 
 
@@ -695,7 +660,7 @@ def int4_gemm(
     n = weight.out_features
     cfg = config or choose_config(m, n, k, weight.group_size, x2.device)
     if cfg.strategy == "dequant":
-        out = _dequant_linear(x2, weight, cfg)
+        out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
     else:
         out = _launch(x2, weight, cfg)
     if bias is not None:

@@ -42,9 +42,6 @@ class Int4GemmConfig:
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
-    ``dequant`` only: ``chunk_n`` > 0 dequantizes that many output features at a time into a
-    scratch buffer that stays in L2 (each chunk then one cuBLAS product); ``asm`` decodes by
-    inline PTX.
     """
 
     strategy: str
@@ -63,7 +60,6 @@ class Int4GemmConfig:
     fold: bool = False
     prefetch: bool = False
     pdl: bool = False
-    chunk_n: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -72,8 +68,6 @@ class Int4GemmConfig:
             v = getattr(self, name)
             if v < least or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
-        if self.chunk_n < 0:
-            raise ValueError(f"chunk_n must be >= 0, got {self.chunk_n}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 

@@ -62,7 +62,6 @@ CONFIGS = [
     ("tiled", Int4GemmConfig("tiled", block_m=16, block_n=32, block_k=64, split_k=1)),
     ("tiled-split", Int4GemmConfig("tiled", block_m=32, block_n=16, block_k=32, split_k=2)),
     ("dequant", Int4GemmConfig("dequant")),
-    ("dequant-chunk", Int4GemmConfig("dequant", chunk_n=16)),
     ("gemv-nibble", Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=2, nibble=True)),
     ("tiled-nibble", Int4GemmConfig("tiled", 16, 16, 128, split_k=2, nibble=True)),
     ("tiled-nibble-1", Int4GemmConfig("tiled", 32, 32, 128, split_k=1, nibble=True)),
@@ -94,7 +93,6 @@ ROWS = {
     "tiled": [1, 37],
     "tiled-split": [16, 300],
     "dequant": [5, 300],
-    "dequant-chunk": [3, 300],
     "gemv-nibble": [1, 2],
     "tiled-nibble": [1, 19],
     "tiled-nibble-1": [3],
@@ -215,8 +213,6 @@ GPU_CONFIGS = [
     Int4GemmConfig("mm", 128, 128, 128, 1, 8, 3, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 128, 128, 64, 1, 8, 4, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 64, 64, 64, 2, 4, 4, pipelined=True, asm=True, tma=True),
-    Int4GemmConfig("dequant", asm=True),
-    Int4GemmConfig("dequant", asm=True, chunk_n=256),
 ]
 
 
@@ -232,7 +228,6 @@ GPU_CONFIGS = [
             for f in ("magic", "swap", "pipelined", "asm", "tma", "fold", "prefetch", "pdl")
             if getattr(c, f)
         )
-        + (f"-chunk{c.chunk_n}" if c.chunk_n else "")
     ),
 )
 def test_strategies_bf16(config, group_size):
