@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.int4_gemm_config import Int4GemmConfig, choose_config
+from kernels.int4_gemm_config import STRATEGIES, WGMMA_FALLBACK, Int4GemmConfig, choose_config
 from kernels.int4_tiles import (
     _asm_k_order,
     _dequant_asm,
@@ -47,6 +47,11 @@ from kernels.int4_tiles import (
 )
 from kernels.int4_weight import Int4Weight
 from kernels.pdl import has_pdl
+
+try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
+    from kernels.int4_wgmma import int4_wgmma, wgmma_ok
+except (ImportError, AttributeError):  # pragma: no cover - depends on the Triton build
+    int4_wgmma = wgmma_ok = None
 
 __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
 
@@ -704,7 +709,13 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
         return _launch_tiled(x, weight, cfg)
     if cfg.strategy == "mm":
         return _launch_mm(x, weight, cfg)
-    raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: gemv, tiled, mm, dequant")
+    if cfg.strategy == "wgmma":
+        if int4_wgmma is not None and wgmma_ok(x, weight, cfg.block_k):
+            return int4_wgmma(
+                x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.num_warps
+            )
+        return _launch_mm(x, weight, WGMMA_FALLBACK)
+    raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: {', '.join(STRATEGIES)}")
 
 
 def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:

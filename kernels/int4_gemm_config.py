@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-STRATEGIES = ("gemv", "tiled", "mm", "dequant")
+STRATEGIES = ("gemv", "tiled", "mm", "dequant", "wgmma")
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,11 @@ class Int4GemmConfig:
     strategy: ``gemv`` (M small, reduction in registers, ``block_k`` K values per loop step
     across quantization groups), ``tiled`` (``tl.dot`` on raw codes, scale and offset per
     group tile; ``block_k`` capped at the group size), ``mm`` (large M: each weight tile
-    dequantized in registers, one accumulating ``tl.dot`` chain) or ``dequant`` (dequantize,
-    then cuBLAS). ``split_k`` > 1 splits K across programs and reduces with fp32 atomics.
+    dequantized in registers, one accumulating ``tl.dot`` chain), ``dequant`` (dequantize,
+    then cuBLAS) or ``wgmma`` (sm_90+, 16-bit x, K tiles within a group: the Gluon kernel of
+    ``kernels.int4_wgmma``, which decodes a tile while the tensor cores multiply the previous
+    ones; elsewhere ``WGMMA_FALLBACK``). ``split_k`` > 1 splits K across programs and reduces
+    with fp32 atomics.
     ``nibble`` (tiled): multiply each nibble position of the packed words by the matching
     slice of x (read as int32 pairs for 16-bit x) with codes as 16-bit floats by the
     magic-number trick, instead of unpacking to K order.
@@ -72,6 +75,12 @@ class Int4GemmConfig:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 
 
+# Where the wgmma kernel does not apply: the unswapped TMA mm kernel of the same bucket.
+WGMMA_FALLBACK = Int4GemmConfig(
+    "mm", 128, 128, 64, 1, 8, 4, magic=True, pipelined=True, asm=True, tma=True
+)
+
+
 def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     """The smallest power of two >= target, capped, keeping >= block_k of K per split."""
     split = 1
@@ -92,8 +101,8 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     pointer loads where those do not apply), split-K 8 (4 for wide weights); M <= 64 the same
     kernel not swapped (x feeds the MMA from the TMA buffer, the weight tile is stored in K
     order), 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); M <= 256 with N > 8192
-    the same at 128 x 128 x 64, 8 warps; above, and for narrower weights, dequantize + cuBLAS
-    was fastest.
+    the Gluon wgmma kernel at 256 x 128 x 64, 8 warps, 4 stages (else the unswapped kernel at
+    128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
@@ -119,5 +128,5 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
             return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, swap=swap, **tma)
         return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, swap=swap, **tma)
     if m <= 256 and not small:
-        return Int4GemmConfig("mm", 128, 128, min(block_k, 64), 1, 8, 4, **tma)
+        return Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4)
     return Int4GemmConfig("dequant")

@@ -81,6 +81,7 @@ CONFIGS = [
         Int4GemmConfig("gemv", 16, 32, 64, split_k=1, fold=True, prefetch=True, pdl=True),
     ),
     ("gemv-prefetch-split", Int4GemmConfig("gemv", 16, 16, 32, split_k=2, prefetch=True)),
+    ("wgmma-fallback", Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4)),
 ]
 
 
@@ -106,6 +107,7 @@ ROWS = {
     "gemv-fold": [1, 2],
     "gemv-fold-prefetch": [1, 3],
     "gemv-prefetch-split": [1],
+    "wgmma-fallback": [3],
 }
 
 
@@ -213,6 +215,7 @@ GPU_CONFIGS = [
     Int4GemmConfig("mm", 128, 128, 128, 1, 8, 3, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 128, 128, 64, 1, 8, 4, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 64, 64, 64, 2, 4, 4, pipelined=True, asm=True, tma=True),
+    Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4),  # group 32: the fallback
 ]
 
 
