@@ -220,6 +220,9 @@ def candidates(m: int) -> list[Int4GemmConfig]:
             (256, 128, 64, 8, 3, 2),
         ]:
             out.append(mm("mm", bm, bn, bk, split, warps, stages, **ktma))
+        # the Gluon kernel (kernels/int4_wgmma.py): (block_m, block_n, warps, stages)
+        for bm, bn, warps, stages in [(256, 128, 8, 4), (128, 256, 8, 4), (128, 128, 8, 6)]:
+            out.append(mm("wgmma", bm, bn, 64, 1, warps, stages))
     return out
 
 

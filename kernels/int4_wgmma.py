@@ -1,7 +1,7 @@
-"""W4A16 GEMM for large M on Hopper, written in Gluon: the decode of one weight tile overlaps
-the tensor-core product of the previous one.
+"""W4A16 GEMM for large M on Hopper, written in Gluon so that the decode of a weight tile can
+run beside the tensor-core products of the previous ones.
 
-``y = x @ dequant(W)^T`` for 16-bit x on sm_90+. Per K step of a 128 x 128 output tile:
+``y = x @ dequant(W)^T`` for 16-bit x on sm_90+. Per K step of an output tile:
 - TMA brings x's tile and the packed weight words into a ring of ``NUM_STAGES`` buffers;
 - every warp decodes its share of the weight tile by inline PTX, two weights per
   instruction (``_DEQUANT_PTX_*``, as the Triton kernels), in K order;
@@ -50,7 +50,9 @@ _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 @gluon.jit
 def _decode_k_order(q, s, o, IS_BF16: gl.constexpr):
     """Words q [R, W] and the tile's scale and offset s, o [R] (x's dtype) -> q * s + o
-    [R, 8W] in K order, by inline PTX on pairs (nibbles j and j + 4 of a word per register)."""
+    [R, 8W] in K order, by inline PTX on pairs (nibbles j and j + 4 of a word per register).
+    The Gluon twin of ``int4_tiles._dequant_asm(..., PAIRED=False)`` (same PTX): a Gluon
+    kernel cannot call a ``triton.jit`` function."""
     qq = gl.join(q, q)
     s2 = gl.broadcast(gl.expand_dims(s, 1), q)[0]
     o2 = gl.broadcast(gl.expand_dims(o, 1), q)[0]
