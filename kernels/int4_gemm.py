@@ -45,7 +45,7 @@ from kernels.int4_tiles import (
     _unpack,
     _x_planes,
 )
-from kernels.int4_weight import Int4Weight
+from kernels.int4_weight import Int4Weight, tma_tiles_ok
 from kernels.pdl import has_pdl
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
@@ -821,22 +821,8 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
 
 
 def _tma_ok(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig, block_k: int) -> bool:
-    """Whether the TMA variant applies: sm_90+, 16-bit x, asm, K tiles within one group,
-    and rows that TMA can address (16-byte aligned bases and row strides)."""
-    return (
-        cfg.tma
-        and cfg.asm
-        and x.device.type == "cuda"
-        and x.dtype in _MAGIC
-        and torch.cuda.get_device_capability(x.device)[0] >= 9
-        and weight.group_size % block_k == 0
-        and x.stride(1) == 1
-        and weight.qweight.stride(1) == 1
-        and all(
-            t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-            for t in (x, weight.qweight)
-        )
-    )
+    """Whether the TMA variant applies: ``cfg.tma`` with ``asm``, and ``tma_tiles_ok``."""
+    return cfg.tma and cfg.asm and tma_tiles_ok(x, weight, block_k)
 
 
 def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:

@@ -126,3 +126,22 @@ class Int4Weight:
             g,
             None,
         )
+
+
+def tma_tiles_ok(x: torch.Tensor, weight: Int4Weight, block_k: int) -> bool:
+    """Whether x [M, K] and the weight's words can be read in K tiles of ``block_k`` by TMA
+    (Hopper's tensor memory accelerator) with one scale row per tile: 16-bit x on an sm_90+
+    GPU, tiles within one quantization group, and rows TMA can address (unit inner stride,
+    16-byte aligned bases and row strides)."""
+    return (
+        x.device.type == "cuda"
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and torch.cuda.get_device_capability(x.device)[0] >= 9
+        and weight.group_size % block_k == 0
+        and x.stride(1) == 1
+        and weight.qweight.stride(1) == 1
+        and all(
+            t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+            for t in (x, weight.qweight)
+        )
+    )

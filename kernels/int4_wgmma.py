@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
-from kernels.int4_weight import Int4Weight
+from kernels.int4_weight import Int4Weight, tma_tiles_ok
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -180,22 +180,9 @@ def _int4_wgmma_kernel(
 
 
 def wgmma_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
-    """Whether ``int4_wgmma`` applies: 16-bit x on sm_90+, K tiles within one group, rows
-    TMA can address (16-byte aligned bases and row strides), no act-order permutation left."""
-    k = weight.in_features
-    return (
-        x.device.type == "cuda"
-        and x.dtype in _GL_DTYPE
-        and torch.cuda.get_device_capability(x.device)[0] >= 9
-        and weight.group_size % block_k == 0
-        and x.stride(1) == 1
-        and weight.qweight.stride(1) == 1
-        and all(
-            t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-            for t in (x, weight.qweight)
-        )
-        and k % 8 == 0
-    )
+    """Whether ``int4_wgmma`` applies: ``tma_tiles_ok`` (16-bit x on sm_90+, K tiles within
+    one group, rows TMA can address)."""
+    return tma_tiles_ok(x, weight, block_k)
 
 
 def int4_wgmma(
