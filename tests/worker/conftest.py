@@ -255,12 +255,16 @@ def start_worker(tmp_path):
         worker.stop(signal.SIGKILL)
 
 
-def make_lines(num_lines: int, num_bad: int = 0, max_tokens: int = 8, tag: str = "doc"):
-    """Chat lines (greedy) with ``num_bad`` malformed ones spread through them."""
+def make_lines(num_lines: int, num_bad: int = 0, max_tokens: int = 8, tag: str = "doc",
+               ignore_eos: bool = False):  # fmt: skip
+    """Chat lines (greedy) with ``num_bad`` malformed ones spread through them; with
+    ``ignore_eos`` every line generates exactly ``max_tokens`` tokens."""
     lines = []
     for i in range(num_lines):
         body = {"messages": [{"role": "user", "content": f"Summarize document {tag} {i}."}],
                 "max_tokens": max_tokens, "temperature": 0}  # fmt: skip
+        if ignore_eos:
+            body["ignore_eos"] = True
         line = {"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
                 "body": body}  # fmt: skip
         lines.append(json.dumps(line))

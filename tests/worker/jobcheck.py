@@ -26,8 +26,8 @@ def make_client(redis_url: str, s3_url: str, chunk_size: int = 8, bucket: str = 
 
 
 def submit(client: Client, tmp_path, num_lines: int, max_tokens: int, priority: str = "normal",
-           tag: str = "doc"):  # fmt: skip
-    lines = make_lines(num_lines, max_tokens=max_tokens, tag=tag)
+           tag: str = "doc", ignore_eos: bool = False):  # fmt: skip
+    lines = make_lines(num_lines, max_tokens=max_tokens, tag=tag, ignore_eos=ignore_eos)
     path = tmp_path / f"{tag}.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return client.submit_batch(path, priority=priority), lines

@@ -102,9 +102,11 @@ def test_engine_crash_exits_without_ack_then_new_worker(
 def test_sigterm_hands_back_within_soft_timeout(
     redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
 ):
-    # Chunks much longer than the soft timeout, so running ones must be handed back.
-    client = make_client(redis_server.url, s3_endpoint, chunk_size=32)
-    handle, lines = submit(client, tmp_path, num_lines=160, max_tokens=240)
+    # Chunks much longer than the soft timeout, so running ones must be handed back: 64
+    # lines of 400 tokens each (no early EOS) run for several seconds even on a fast machine
+    # (chunks of 32 lines of up to 240 tokens once all finished within the 2 s).
+    client = make_client(redis_server.url, s3_endpoint, chunk_size=64)
+    handle, lines = submit(client, tmp_path, num_lines=320, max_tokens=400, ignore_eos=True)
     # A visibility timeout of hours: only the hand-back at shutdown can bring chunks back.
     env = worker_env(
         redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_SOFT_SHUTDOWN_TIMEOUT_S="2"
