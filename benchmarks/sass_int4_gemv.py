@@ -5,6 +5,9 @@ No GPU needed: Triton compiles the kernel for an H100/H200 target with its bundl
 ``cuobjdump`` (shipped with Triton) disassembles it and reports its register use. Whole-kernel
 instruction counts (the kernel is one loop step plus the split-K epilogue at the launch shapes
 of the table); indicative only: the device may run another Triton version.
+To compile with the device's Triton (3.6.0 on the H200 machine), keeping this environment's:
+``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, then run the script with
+``PYTHONPATH=/tmp/t36:.``.
 
 Variants (bf16 x, one warp, 256 K per step, 2 stages): ``plain`` (``_nibble_dot``: AND-OR,
 subtract, FMA per weight), ``fold`` (``_nibble_dot_fold`` in Triton), ``fold-asm`` (the same in

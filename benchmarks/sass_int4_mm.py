@@ -4,6 +4,9 @@ No GPU needed: Triton compiles the kernel for an H100/H200 target with its bundl
 ``cuobjdump`` (shipped with Triton) disassembles it. The main loop is the smallest backward
 branch around the ``HGMMA`` instructions; the script prints its length and its most frequent
 opcodes. Indicative only: the device may run another Triton version.
+To compile with the device's Triton (3.6.0 on the H200 machine), keeping this environment's:
+``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, then run the script with
+``PYTHONPATH=/tmp/t36:.``.
 
 Variants (16 x 64 tile, K step 128, bf16, 4 warps, 3 stages, swapped operands, pipelined):
 ``magic`` (magic-number decode, pointer loads), ``asm`` (inline-PTX decode, pointer loads),
