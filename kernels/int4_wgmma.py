@@ -27,6 +27,8 @@ beats the Triton kernels; at M = 1024 dequantize + cuBLAS stays faster.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -185,6 +187,18 @@ def wgmma_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
     return tma_tiles_ok(x, weight, block_k)
 
 
+@functools.cache
+def _shared_layouts(dtype: torch.dtype, block_m: int, block_n: int, block_k: int):
+    """Shared layouts of the x tile, the words tile and the decoded tile (computed once per
+    tiling: the launcher runs per layer in eager prefill)."""
+    gl_dtype = _GL_DTYPE[dtype]
+    return (
+        gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl_dtype),
+        gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32),
+        gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl_dtype),
+    )
+
+
 def int4_wgmma(
     x: torch.Tensor,
     weight: Int4Weight,
@@ -198,10 +212,7 @@ def int4_wgmma(
     order) on the Gluon kernel; [M, N] in x's dtype. Check ``wgmma_ok`` first."""
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
-    gl_dtype = _GL_DTYPE[x.dtype]
-    x_layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl_dtype)
-    q_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k // 8], gl.int32)
-    w_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl_dtype)
+    x_layout, q_layout, w_layout = _shared_layouts(x.dtype, block_m, block_n, block_k)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     _int4_wgmma_kernel[grid](
