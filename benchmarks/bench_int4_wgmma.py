@@ -1,8 +1,12 @@
-"""The Gluon W4A16 kernel (``kernels/int4_wgmma.py``) against bf16 cuBLAS and the shipped
+"""The Gluon W4A16 kernels (``kernels/int4_wgmma.py``) against bf16 cuBLAS and the shipped
 INT4 table, Llama-3-8B projection shapes, one H200; same harness as bench_int4_gemm.py
 (CUDA-graph replays over weight copies that exceed L2; median of 10).
 
     python3 benchmarks/bench_int4_wgmma.py [--rows 256,1024]
+    python3 benchmarks/bench_int4_wgmma.py --swap [--rows 1,16,64,256]
+
+``--swap`` sweeps the swapped (small-M) kernel, the weight decoded into wgmma's register
+operand: tiles (block_m, block_n, block_k, split_k, stages, warps) from ``swap_tiles``.
 """
 
 from __future__ import annotations
@@ -19,15 +23,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
 
 from kernels.int4_gemm import int4_gemm_ref  # noqa: E402
-from kernels.int4_wgmma import int4_wgmma  # noqa: E402
+from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap  # noqa: E402
 
 # (block_m, block_n, block_k, stages, warps)
 TILES = [(128, 256, 64, 4, 8), (128, 256, 64, 5, 8), (256, 128, 64, 4, 8), (128, 128, 64, 6, 8),
          (128, 128, 64, 5, 8)]  # fmt: skip
 
 
-def time_shape(k: int, n: int, row_values: list[int]) -> list[tuple]:
-    """bf16, the table and every tile config of the Gluon kernel at each M for one weight."""
+def swap_tiles(m: int, k: int, n: int) -> list[tuple]:
+    """Swapped-kernel tiles for one M: wgmma's N the smallest power of two >= M (8 at M = 1;
+    128 or 256 above 64), 64 or 128 weight rows, K tiles of 64 or 128, the two smallest
+    power-of-two splits that give every multiprocessor a program; up to M = 64 also deeper
+    rings (6 stages) and 8 warps (two warpgroups) for 128 weight rows."""
+    if m == 1:
+        block_ms = [8]
+    elif m <= 64:
+        block_ms = [max(16, 1 << (m - 1).bit_length())]
+    else:
+        block_ms = [128, 256]
+    tiles = []
+    for block_m in block_ms:
+        for block_n in (64, 128):
+            for block_k in (64, 128):
+                per_stage = block_m * block_k * 2 + block_n * block_k // 2
+                most = max(2, min(6 if block_k == 64 else 4, (160 << 10) // per_stage))
+                num_tiles = -(-m // block_m) * (n // block_n)
+                split = 1
+                while split * num_tiles < 132 and k // (2 * split) >= 2 * block_k:
+                    split *= 2
+                warps = 8 if block_m * block_n > 128 * 128 else 4
+                for s in {split, min(2 * split, k // (2 * block_k))}:
+                    tiles.append((block_m, block_n, block_k, s, most, warps))
+                if m <= 64 and block_k == 128:
+                    tiles.append((block_m, block_n, block_k, split, 6, warps))
+                    if block_n == 128:
+                        tiles.append((block_m, block_n, block_k, split, 4, 8))
+                        tiles.append((block_m, block_n, block_k, split, 6, 8))
+    return tiles
+
+
+def time_shape(k: int, n: int, row_values: list[int], swap: bool = False) -> list[tuple]:
+    """bf16, the table and every tile config of a Gluon kernel at each M for one weight."""
     peers = Peers(k, n, with_torch=False)
     rows = []
     for m in row_values:
@@ -36,10 +72,11 @@ def time_shape(k: int, n: int, row_values: list[int]) -> list[tuple]:
         t_table = peers.time_ours(x, None)
         ref = int4_gemm_ref(x, peers.int4[0]).float()
         best = (float("inf"), None)
-        for tiles in TILES:
+        kernel = int4_wgmma_swap if swap else int4_wgmma
+        for tiles in swap_tiles(m, k, n) if swap else TILES:
 
-            def run(i: int, tiles=tiles, x=x) -> torch.Tensor:
-                return int4_wgmma(x, peers.int4[i], *tiles)
+            def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
+                return kernel(x, peers.int4[i], *tiles)
 
             try:
                 out = run(0).float()
@@ -58,12 +95,22 @@ def time_shape(k: int, n: int, row_values: list[int]) -> list[tuple]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="256,1024")
+    parser.add_argument("--rows", default=None, help="M values (256,1024; with --swap 1,16,64,256)")
+    parser.add_argument("--swap", action="store_true", help="the swapped small-M kernel")
+    parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
     args = parser.parse_args()
+    row_values = [
+        int(r) for r in (args.rows or ("1,16,64,256" if args.swap else "256,1024")).split(",")
+    ]
+    shapes = (
+        SHAPES
+        if not args.shapes
+        else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    )
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     rows = []
-    for k, n in SHAPES:
-        rows += time_shape(k, n, [int(r) for r in args.rows.split(",")])
+    for k, n in shapes:
+        rows += time_shape(k, n, row_values, args.swap)
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")
     print("|---|---|---|---|---|---|---|---|")

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.int4_gemm_config import STRATEGIES, WGMMA_FALLBACK, Int4GemmConfig, choose_config
+from kernels.int4_gemm_config import STRATEGIES, Int4GemmConfig, choose_config, wgmma_fallback
 from kernels.int4_tiles import (
     _asm_k_order,
     _dequant_asm,
@@ -47,11 +47,12 @@ from kernels.int4_tiles import (
 )
 from kernels.int4_weight import Int4Weight, tma_tiles_ok
 from kernels.pdl import has_pdl
+from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
-    from kernels.int4_wgmma import int4_wgmma, wgmma_ok
+    from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
 except (ImportError, AttributeError):  # pragma: no cover - depends on the Triton build
-    int4_wgmma = wgmma_ok = None
+    int4_wgmma = int4_wgmma_swap = wgmma_ok = wgmma_swap_ok = None
 
 __all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
 
@@ -592,25 +593,6 @@ def _int4_dequant_kernel(
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}
 _BIAS = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 
-_WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _workspace(device: torch.device, num_floats: int, num_locks: int):
-    """The self-cleaning split-K workspace of a device (zeros between calls), or None when it
-    would have to grow inside a CUDA graph capture (the caller then uses MODE 1)."""
-    ws, locks = _WORKSPACES.get(device, (None, None))
-    if ws is not None and ws.numel() >= num_floats and locks.numel() >= num_locks:
-        return ws, locks
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    size = max(num_floats, 0 if ws is None else ws.numel(), 1 << 16)
-    lock_size = max(num_locks, 0 if locks is None else locks.numel(), 1 << 12)
-    _WORKSPACES[device] = (
-        torch.zeros(size, dtype=torch.float32, device=device),
-        torch.zeros(lock_size, dtype=torch.int32, device=device),
-    )
-    return _WORKSPACES[device]
-
 
 def _check(x: torch.Tensor, weight: Int4Weight) -> None:
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -678,20 +660,6 @@ def _sub_k(group_size: int) -> int:
     return min(group_size & -group_size, 128)
 
 
-def _split_k_output(x: torch.Tensor, m: int, n: int, num_splits: int, num_tiles: int):
-    """(mode, out, workspace, locks) for the epilogue: MODE 0 stores, MODE 2 reduces splits in
-    the self-cleaning workspace, MODE 1 (inside a capture that would grow it) adds atomically
-    into a zeroed fp32 output that is cast afterwards."""
-    if num_splits == 1:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        return 0, out, out, out
-    found = _workspace(x.device, m * n, num_tiles)
-    if found is None:
-        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        return 1, out, out, out
-    return 2, torch.empty((m, n), dtype=x.dtype, device=x.device), *found
-
-
 def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, x viewed as int32 pairs along K) for 16-bit x (rows made even-strided), else
     (x, x): the nibble kernels read 16-bit activations two at a time."""
@@ -710,11 +678,16 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
     if cfg.strategy == "mm":
         return _launch_mm(x, weight, cfg)
     if cfg.strategy == "wgmma":
-        if int4_wgmma is not None and wgmma_ok(x, weight, cfg.block_k):
+        if cfg.swap and int4_wgmma is not None and wgmma_swap_ok(x, weight, cfg.block_k):
+            return int4_wgmma_swap(
+                x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
+                cfg.num_warps,
+            )  # fmt: skip
+        if not cfg.swap and int4_wgmma is not None and wgmma_ok(x, weight, cfg.block_k):
             return int4_wgmma(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.num_warps
             )
-        return _launch_mm(x, weight, WGMMA_FALLBACK)
+        return _launch_mm(x, weight, wgmma_fallback(cfg))
     raise ValueError(f"unknown strategy {cfg.strategy!r}; allowed: {', '.join(STRATEGIES)}")
 
 
@@ -727,7 +700,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     subs_per_split = triton.cdiv(triton.cdiv(num_subs, cfg.split_k), num_sub) * num_sub
     num_splits = triton.cdiv(num_subs, subs_per_split)
     num_pid_n = triton.cdiv(n, cfg.block_n)
-    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, m * num_pid_n)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, m * num_pid_n)
     x, x32 = _with_pairs(x)
     pdl = cfg.pdl and has_pdl(x.device)
     fold = 0  # 1: the fold decode in Triton, 2: in inline PTX (CUDA)
@@ -778,7 +751,7 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
     nibble = cfg.nibble and block_k >= 128  # tl.dot needs K >= 16 words
     x, x32 = _with_pairs(x)
     _int4_gemm_kernel[(num_tiles, num_splits)](
@@ -832,7 +805,7 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    mode, out, ws, locks = _split_k_output(x, m, n, num_splits, num_tiles)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
     if _tma_ok(x, weight, cfg, block_k):
         _int4_mm_tma_kernel[(num_tiles, num_splits)](
             TensorDescriptor.from_tensor(x, [cfg.block_m, block_k]),

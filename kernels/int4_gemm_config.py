@@ -81,6 +81,18 @@ WGMMA_FALLBACK = Int4GemmConfig(
 )
 
 
+def wgmma_fallback(cfg: Int4GemmConfig) -> Int4GemmConfig:
+    """The Triton ``mm`` config that runs where a ``wgmma`` config does not apply (group 32,
+    fp32 x, pre-sm_90, no Gluon): for the swapped (small-M) form, the swapped TMA mm kernel
+    with the same rows, K tile and split; else ``WGMMA_FALLBACK``."""
+    if not cfg.swap:
+        return WGMMA_FALLBACK
+    return Int4GemmConfig(
+        "mm", max(16, cfg.block_m), 64, cfg.block_k, cfg.split_k, 4, 3, swap=True, magic=True,
+        pipelined=True, asm=True, tma=True,
+    )  # fmt: skip
+
+
 def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     """The smallest power of two >= target, capped, keeping >= block_k of K per split."""
     split = 1
@@ -114,6 +126,18 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
         block_n = 32 if n > 4096 and k < 8192 else 16
         return Int4GemmConfig("gemv", 16, block_n, 256, _pow2_split(8, k, 256, 32), 1, 2, **fold)
     small = n <= 8192
+    # The swapped Gluon kernel (weights decoded into wgmma's register operand) in K tiles of
+    # 128: wide weights up to M = 256, and long K (down_proj) up to M = 16. wgmma's N is the
+    # smallest power of two >= M (the TMA tile of x reads zeros past M).
+    if block_k == 128 and m <= 256 and (not small or (m <= 16 and k >= 8192)):
+        rows = max(8, 1 << (m - 1).bit_length())
+        if m > 64:
+            return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True)
+        if small:
+            return Int4GemmConfig(
+                "wgmma", rows, 64, 128, _pow2_split(8, k, 128, 8), 4, 4, swap=True
+            )
+        return Int4GemmConfig("wgmma", rows, 128, 128, 1, 4, 4, swap=True)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}
     if m <= 16:
@@ -127,6 +151,6 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
             split = _pow2_split(4, k, block_k, 4)
             return Int4GemmConfig("mm", 64, 64, block_k, split, 4, 3, swap=swap, **tma)
         return Int4GemmConfig("mm", 64, 128, block_k, 1, 4, 3, swap=swap, **tma)
-    if m <= 256 and not small:
+    if m <= 256 and not small:  # groups of 64 (K tiles of 64): the unswapped Gluon kernel
         return Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4)
     return Int4GemmConfig("dequant")

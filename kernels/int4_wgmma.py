@@ -45,6 +45,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import Int4Weight, tma_tiles_ok
+from kernels.split_k import split_k_output
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -181,10 +182,265 @@ def _int4_wgmma_kernel(
     gl.store(ptrs, acc.to(dtype), mask=mask)
 
 
+# One pair of weights (nibbles 2t, 2t + 1 of a word: byte t, t the thread's lane % 4) per
+# register, in the order the wgmma A fragment holds them. PRMT gathers byte t into bytes 0
+# and 2 (selector $3); LOP3 keeps a nibble of each half over the magic exponent (truth table
+# 0xEA: (a & b) | c); SUB leaves the two codes exactly; one FMA with the pairs $5 (scale) and
+# $6 (offset) gives q * s + o rounded once. $1 is the word; $2 and $4 are the unused copies
+# from the pack of two.
+# bf16 (7 mantissa bits): the high nibble must sit at bits 16..19, so byte 2 comes from the
+# word shifted right by 4 (selector t | (t + 4) << 8) and the scale pair is (s, s).
+_PAIR_PTX_BF16 = gl.constexpr(
+    "{\n.reg .b32 t, u, m;\nmov.b32 m, 0x43004300;\n"
+    "shr.u32 u, $1, 4;\n"
+    "prmt.b32 t, $1, u, $3;\n"
+    "lop3.b32 t, t, 0x000F000F, m, 0xEA;\n"
+    "sub.bf16x2 t, t, m;\n"
+    "fma.rn.bf16x2 $0, t, $5, $6;\n}"
+)
+# fp16 (10 mantissa bits): byte t in bytes 0 and 2 (selector t | t << 8), the high nibble
+# kept in place at bits 20..23 (16 n1 after the SUB), so the scale pair is (s, s / 16).
+_PAIR_PTX_F16 = gl.constexpr(
+    "{\n.reg .b32 t, m;\nmov.b32 m, 0x64006400;\n"
+    "prmt.b32 t, $1, 0, $3;\n"
+    "lop3.b32 t, t, 0x00F0000F, m, 0xEA;\n"
+    "sub.f16x2 t, t, m;\n"
+    "fma.rn.f16x2 $0, t, $5, $6;\n}"
+)
+
+
+@gluon.jit
+def _decode_fragment(q, sel, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
+    """Words q [R, W] (each thread holds its rows' whole words), the byte selectors sel [4] of
+    the four lanes that share a row (``_PAIR_PTX_*``), scale and offset s, o [R] -> q * s + o
+    [R, 8W] in the wgmma A-operand layout ``a_layout``, decoded in registers.
+
+    Element (r, w, t, b) of the [R, W, 4, 2] intermediate is nibble 2t + b of word w, that is
+    column 8w + 2t + b: the lane with t = lane % 4 keeps byte t of every word of its rows, which
+    is what the fragment asks of it, so the final layout change only renames registers."""
+    q3 = gl.expand_dims(q, 2)
+    t3 = gl.expand_dims(gl.expand_dims(sel, 0), 1)
+    q3, t3 = gl.broadcast(q3, t3)
+    s3 = gl.broadcast(gl.expand_dims(gl.expand_dims(s, 1), 2), q3)[0]
+    o3 = gl.broadcast(gl.expand_dims(gl.expand_dims(o, 1), 2), q3)[0]
+    s_hi = s3 if IS_BF16 else s3 * 0.0625
+    v = gl.inline_asm_elementwise(
+        asm=_PAIR_PTX_BF16 if IS_BF16 else _PAIR_PTX_F16,
+        constraints="=r,r,r,r,r,r,r",
+        args=[gl.join(q3, q3), gl.join(t3, t3), gl.join(s3, s_hi), gl.join(o3, o3)],
+        dtype=s.dtype,
+        is_pure=True,
+        pack=2,
+    )
+    v = gl.reshape(v, [q.shape[0], 8 * q.shape[1]])
+    return gl.convert_layout(v, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _load_row(buf, layout: gl.constexpr, row_layout: gl.constexpr):
+    """A [1, BLOCK_N] shared row -> [BLOCK_N] in ``row_layout`` (registers renamed only)."""
+    v = buf.load(layout)
+    return gl.convert_layout(gl.reshape(v, [v.shape[1]]), row_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
+                 q_layout: gl.constexpr, s_layout: gl.constexpr, NUM_STAGES: gl.constexpr,
+                 IS_BF16: gl.constexpr):  # fmt: skip
+    """Wait for ring slot kt % NUM_STAGES to hold K tile kt, then decode its weights into the
+    wgmma A fragment (``_decode_fragment``)."""
+    dtype: gl.constexpr = gl.bfloat16 if IS_BF16 else gl.float16
+    slot = kt % NUM_STAGES
+    mbarrier.wait(bars.index(slot), (kt // NUM_STAGES) & 1)
+    row_layout: gl.constexpr = gl.SliceLayout(1, q_layout)
+    q = q_bufs.index(slot).load(q_layout)
+    s = _load_row(s_bufs.index(slot), s_layout, row_layout).to(dtype)
+    o = _load_row(o_bufs.index(slot), s_layout, row_layout).to(dtype)
+    return _decode_fragment(q, sel, s, o, a_layout, IS_BF16)
+
+
+@gluon.jit
+def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars, kt,
+                     num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                     GROUP_TILES: gl.constexpr):  # fmt: skip
+    """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
+    slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
+    proxy fence before every refill)."""
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    slot = kt % NUM_STAGES
+    pred = kt < num_k
+    bar = bars.index(slot)
+    nbytes: gl.constexpr = (
+        x_desc.block_type.nbytes
+        + qw_desc.block_type.nbytes
+        + s_desc.block_type.nbytes
+        + o_desc.block_type.nbytes
+    )
+    mbarrier.expect(bar, nbytes, pred=pred)
+    k = (k_tile0 + kt) * BLOCK_K
+    row = 0 if GROUP_TILES == 0 else (k_tile0 + kt) // GROUP_TILES
+    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
+    tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
+    tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
+    tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
+
+
+@gluon.jit
+def _int4_wgmma_swap_kernel(
+    x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
+    qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
+    s_desc,  # scales [K // group, N], block [1, BLOCK_N]
+    o_desc,  # offsets, as the scales
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    num_splits,
+    stride_out_m,
+    L3: gl.constexpr,  # layout of the [BLOCK_N, WORDS, 4] decode (``_fragment_words_layout``)
+    S_LAYOUT: gl.constexpr,  # layout of a [1, BLOCK_N] scale row, rows as L3
+    GROUP_TILES: gl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
+    MODE: gl.constexpr,  # split-K epilogue, as int4_tiles._epilogue
+    NUM_STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
+    WORDS: gl.constexpr = BLOCK_K // 8
+    dtype: gl.constexpr = x_desc.dtype
+    IS_BF16: gl.constexpr = dtype == gl.bfloat16
+
+    # acc [BLOCK_N, BLOCK_M] += dequant(W tile) [BLOCK_N, BLOCK_K] @ x tile^T: the weight is the
+    # register operand of wgmma (decoded straight into its fragment), x the shared one, read
+    # from its TMA buffer. Tiles run along N first so neighbouring programs share x's tile.
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    off_n = (pid % num_pid_n) * BLOCK_N
+    off_m = (pid // num_pid_n) * BLOCK_M
+
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    q_layout: gl.constexpr = gl.SliceLayout(2, L3)
+
+    x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    q_bufs = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N, WORDS], qw_desc.layout)
+    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    k_tile0 = pid_k * (k_per_split // BLOCK_K)
+    num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
+    for i in gl.static_range(NUM_STAGES):
+        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars,
+                         i, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
+
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+    a = _decode_step(q_bufs, s_bufs, o_bufs, bars, 0, sel, a_layout, q_layout, S_LAYOUT,
+                     NUM_STAGES, IS_BF16)  # fmt: skip
+    for kt in range(num_k):
+        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
+        # the next tile (the last one again at the end: its slot is never refilled) is decoded
+        # while the tensor cores multiply this one
+        a_next = _decode_step(q_bufs, s_bufs, o_bufs, bars, gl.minimum(kt + 1, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16)  # fmt: skip
+        # The wgmma reads ``a`` from registers asynchronously: ``a`` (the very value it was
+        # given) stays live until this wait, so the decode above cannot reuse its registers.
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        # every warp is past its wait and has read its words of tile kt (decoded one step
+        # earlier) before the slot is refilled with tile kt + NUM_STAGES
+        gl.thread_barrier()
+        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars,
+                         kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                         GROUP_TILES)  # fmt: skip
+        a = a_next
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    offs_on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
+    mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
+    if MODE == 0:
+        gl.store(out_ptrs, acc.to(dtype), mask=mask)
+    elif MODE == 1:
+        gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        # as int4_tiles._epilogue: the last split of a tile reads the sum, stores the output
+        # and leaves workspace and lock at 0
+        ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
+        gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        gl.thread_barrier()
+        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = gl.atomic_add(ws_ptrs, gl.zeros_like(acc), mask=mask)
+            total = gl.where(mask, total, 0.0)
+            gl.store(out_ptrs, total.to(dtype), mask=mask)
+            gl.store(ws_ptrs, gl.zeros_like(acc), mask=mask)
+            gl.atomic_xchg(lock_ptr + pid, 0)
+
+
+@functools.cache
+def _fragment_words_layout(
+    block_n: int, words: int, num_warps: int, row: bool = False
+) -> gl.DistributedLinearLayout:
+    """Layout of the [block_n, words, 4] decode of ``_decode_fragment``: rows as the wgmma A
+    fragment has them (lane // 4, +8 in a register, 16 rows per warp, then registers), every
+    word of a row in registers, the last dim (the byte a lane takes) on lane % 4. ``row``: the
+    [1, block_n] layout of a row of scales with the same rows (the four lanes of a row share
+    its value)."""
+    log2 = lambda v: v.bit_length() - 1  # noqa: E731
+    rows_in_warps = 16 * num_warps
+    if row:
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 8]] + [[0, 1 << i] for i in range(log2(rows_in_warps), log2(block_n))],
+            lane_bases=[[0, 0], [0, 0], [0, 1], [0, 2], [0, 4]],
+            warp_bases=[[0, 16 << i] for i in range(log2(num_warps))],
+            block_bases=[],
+            shape=[1, block_n],
+        )
+    return gl.DistributedLinearLayout(
+        reg_bases=[[8, 0, 0]]
+        + [[0, 1 << i, 0] for i in range(log2(words))]
+        + [[1 << i, 0, 0] for i in range(log2(rows_in_warps), log2(block_n))],
+        lane_bases=[[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16 << i, 0, 0] for i in range(log2(num_warps))],
+        block_bases=[],
+        shape=[block_n, words, 4],
+    )
+
+
+@functools.cache
+def _row_layout(dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """Shared layout of a [1, BLOCK_N] row of scales or offsets (no swizzle)."""
+    bits = torch.finfo(dtype).bits
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=2)
+
+
 def wgmma_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
     """Whether ``int4_wgmma`` applies: ``tma_tiles_ok`` (16-bit x on sm_90+, K tiles within
     one group, rows TMA can address)."""
     return tma_tiles_ok(x, weight, block_k)
+
+
+def wgmma_swap_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
+    """Whether ``int4_wgmma_swap`` applies: ``wgmma_ok``, and scale and offset rows TMA can
+    address too (unit inner stride, 16-byte aligned bases and row strides: N a multiple of 8
+    for 16-bit scales)."""
+    return wgmma_ok(x, weight, block_k) and all(
+        t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+        for t in (weight.scales, weight.offsets)
+    )
 
 
 @functools.cache
@@ -233,3 +489,49 @@ def int4_wgmma(
         num_warps=num_warps,
     )
     return out
+
+
+def int4_wgmma_swap(
+    x: torch.Tensor,
+    weight: Int4Weight,
+    block_m: int = 16,
+    block_n: int = 128,
+    block_k: int = 64,
+    split_k: int = 1,
+    num_stages: int = 4,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
+    the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
+    ``split_k`` programs along K); [M, N] in x's dtype. Check ``wgmma_ok`` first."""
+    m, k = x.shape
+    n, g = weight.out_features, weight.group_size
+    x_layout, q_layout, _ = _shared_layouts(x.dtype, block_m, block_n, block_k)
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    num_splits = triton.cdiv(k, k_per_split)
+    num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
+    _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
+        TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
+        TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
+        TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),
+        TensorDescriptor.from_tensor(
+            weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
+        ),
+        out,
+        ws,
+        locks,
+        m,
+        n,
+        k,
+        k_per_split,
+        num_splits,
+        out.stride(0),
+        L3=_fragment_words_layout(block_n, block_k // 8, num_warps),
+        S_LAYOUT=_fragment_words_layout(block_n, 1, num_warps, row=True),
+        GROUP_TILES=0 if g == k else g // block_k,
+        MODE=mode,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+    )
+    return out.to(x.dtype) if mode == 1 else out

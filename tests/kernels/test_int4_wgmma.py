@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import split_k
 from kernels.int4_gemm import int4_gemm_ref
-from kernels.int4_wgmma import int4_wgmma, wgmma_ok
+from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
 from tests.kernels.test_int4_gemm import assert_close, random_weight
 
 pytestmark = pytest.mark.gpu
@@ -51,3 +52,54 @@ def test_short_k_and_graph_replay():
         x.copy_(torch.randn_like(x))
         graph.replay()
         assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "graph")
+
+
+# The swapped form (small M): (block_m, block_n, block_k, split_k, stages, warps). Block_m is
+# wgmma's N (8 .. 256); splits of 3 leave a shorter last split.
+SWAP_TILES = [(16, 128, 64, 1, 4, 4), (16, 64, 64, 3, 6, 4), (64, 128, 64, 2, 4, 4),
+              (8, 64, 128, 4, 4, 4), (32, 256, 64, 2, 4, 8), (128, 64, 64, 1, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("group_size", [64, 128, 1024])  # 1024 = K: per channel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tiles", SWAP_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_swap_matches_reference(group_size, dtype, tiles):
+    block_m, block_n, block_k, split, stages, warps = tiles
+    if group_size < block_k:
+        pytest.skip("K tiles within one group")
+    # N a multiple of 8 (scale rows by TMA), not of the tile: masked tiles
+    weight = random_weight(1000 + 40, 1024, group_size, seed=group_size)
+    for m in (1, 5, 16, 37, 64, 130):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        assert wgmma_swap_ok(x, weight, block_k)
+        out = int4_wgmma_swap(x, weight, block_m, block_n, block_k, split, stages, warps)
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"swap {tiles} M={m} g={group_size}")
+
+
+def test_swap_group_32_and_graph_capture_without_workspace():
+    """K tiles of 32 (group 32), then a capture that would have to grow the split-K
+    workspace: the launch adds into a zeroed fp32 output instead (MODE 1)."""
+    weight = random_weight(296, 2048, 32, seed=7)
+    assert not wgmma_swap_ok(torch.empty(1, 2048, device="cuda", dtype=torch.bfloat16),
+                             random_weight(300, 2048, 32, seed=7), 32)  # fmt: skip
+    x = torch.randn(24, 2048, device="cuda", dtype=torch.bfloat16)
+    out = int4_wgmma_swap(x, weight, 32, 64, 32, 4, 6, 4)
+    assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "group 32")
+    int4_wgmma_swap(x, weight, 32, 64, 32, 4, 6, 4)  # compiled
+    saved = dict(split_k._WORKSPACES)
+    split_k._WORKSPACES.clear()
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                out = int4_wgmma_swap(x, weight, 32, 64, 32, 4, 6, 4)
+        torch.cuda.current_stream().wait_stream(stream)
+        assert not split_k._WORKSPACES, "the capture must not allocate a workspace"
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "graph, MODE 1")
+    finally:
+        split_k._WORKSPACES.update(saved)
