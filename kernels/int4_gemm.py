@@ -19,7 +19,9 @@ Strategies, picked by ``choose_config`` from M and the shape: ``gemv`` (M = 1, r
 registers, split-K), ``mm`` (each weight tile dequantized in registers, one ``tl.dot`` chain,
 split-K for small M so every multiprocessor has work), ``tiled`` (``tl.dot`` on raw codes
 nibble plane by nibble plane, scale and offset per group tile) and ``dequant`` (dequantize
-to the activation dtype, then cuBLAS) for large M.
+to the activation dtype, then cuBLAS) for large M; on sm_90, ``wgmma`` (the Gluon kernels of
+``kernels.int4_wgmma``: the weight decoded into wgmma's register operand for small M, or
+into shared memory beside asynchronous products for large M).
 Settings come from a fixed table per shape bucket, never autotuned at run time, so the
 launch is safe inside CUDA graph capture.
 """

@@ -23,10 +23,12 @@ class Int4GemmConfig:
     across quantization groups), ``tiled`` (``tl.dot`` on raw codes, scale and offset per
     group tile; ``block_k`` capped at the group size), ``mm`` (large M: each weight tile
     dequantized in registers, one accumulating ``tl.dot`` chain), ``dequant`` (dequantize,
-    then cuBLAS) or ``wgmma`` (sm_90+, 16-bit x, K tiles within a group: the Gluon kernel of
-    ``kernels.int4_wgmma``, which decodes a tile while the tensor cores multiply the previous
-    ones; elsewhere ``WGMMA_FALLBACK``). ``split_k`` > 1 splits K across programs and reduces
-    with fp32 atomics.
+    then cuBLAS) or ``wgmma`` (sm_90+, 16-bit x, K tiles within a group: the Gluon kernels of
+    ``kernels.int4_wgmma``, which decode a tile while the tensor cores multiply the previous
+    one; with ``swap`` the small-M form, the weight tile decoded into wgmma's register operand
+    and ``block_m`` being wgmma's N (8 .. 256), split-K allowed; elsewhere
+    ``wgmma_fallback``). ``split_k`` > 1 splits K across programs and reduces with fp32
+    atomics.
     ``nibble`` (tiled): multiply each nibble position of the packed words by the matching
     slice of x (read as int32 pairs for 16-bit x) with codes as 16-bit floats by the
     magic-number trick, instead of unpacking to K order.
@@ -115,6 +117,9 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     order), 64 x 64 split-K 4 (N <= 8192) or 64 x 128 unsplit (wider); M <= 256 with N > 8192
     the Gluon wgmma kernel at 256 x 128 x 64, 8 warps, 4 stages (else the unswapped kernel at
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
+    Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
+    2026-11-30): the swapped Gluon kernel, K tiles of 128, on wide weights (N > 8192) up to
+    M = 256 and on K >= 8192 up to M = 16.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:

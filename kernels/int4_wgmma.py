@@ -1,5 +1,8 @@
-"""W4A16 GEMM for large M on Hopper, written in Gluon so that the decode of a weight tile can
-run beside the tensor-core products of the previous ones.
+"""W4A16 GEMM on Hopper, written in Gluon so that the decode of a weight tile can run beside
+the tensor-core products of the previous ones. Two kernels: ``_int4_wgmma_kernel`` (below)
+and, for small M, ``_int4_wgmma_swap_kernel``, which decodes each weight tile straight into
+wgmma's register operand and reads x from its TMA buffer (see its comments and
+``_decode_fragment``), with split-K.
 
 ``y = x @ dequant(W)^T`` for 16-bit x on sm_90+. Per K step of an output tile:
 - TMA brings x's tile and the packed weight words into a ring of ``NUM_STAGES`` buffers;
