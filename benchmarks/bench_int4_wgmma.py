@@ -6,7 +6,8 @@ INT4 table, Llama-3-8B projection shapes, one H200; same harness as bench_int4_g
     python3 benchmarks/bench_int4_wgmma.py --swap [--rows 1,16,64,256]
 
 ``--swap`` sweeps the swapped (small-M) kernel, the weight decoded into wgmma's register
-operand: tiles (block_m, block_n, block_k, split_k, stages, warps) from ``swap_tiles``.
+operand: tiles (block_m, block_n, block_k, split_k, stages, warps) from ``swap_tiles``, each
+plain and warp-specialized (a last element True: a producer warp issues the TMA refills).
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def time_shape(k: int, n: int, row_values: list[int], swap: bool = False) -> lis
         ref = int4_gemm_ref(x, peers.int4[0]).float()
         best = (float("inf"), None)
         kernel = int4_wgmma_swap if swap else int4_wgmma
-        for tiles in swap_tiles(m, k, n) if swap else TILES:
+        candidates = TILES
+        if swap:  # each tiling plain and warp-specialized
+            candidates = [(*t, ws) for t in swap_tiles(m, k, n) for ws in (False, True)]
+        for tiles in candidates:
 
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
                 return kernel(x, peers.int4[i], *tiles)

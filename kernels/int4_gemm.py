@@ -683,7 +683,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
         if cfg.swap and int4_wgmma is not None and wgmma_swap_ok(x, weight, cfg.block_k):
             return int4_wgmma_swap(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
-                cfg.num_warps,
+                cfg.num_warps, cfg.specialized,
             )  # fmt: skip
         if not cfg.swap and int4_wgmma is not None and wgmma_ok(x, weight, cfg.block_k):
             return int4_wgmma(

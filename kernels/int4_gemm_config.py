@@ -47,6 +47,8 @@ class Int4GemmConfig:
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
+    ``wgmma`` with ``swap`` only: ``specialized`` moves the TMA refills to a producer warp
+    (warp specialization; the decoding warps hand ring slots back through empty barriers).
     """
 
     strategy: str
@@ -65,6 +67,7 @@ class Int4GemmConfig:
     fold: bool = False
     prefetch: bool = False
     pdl: bool = False
+    specialized: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -119,7 +122,7 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
     2026-11-30): the swapped Gluon kernel, K tiles of 128, on wide weights (N > 8192) up to
-    M = 256 and on K >= 8192 up to M = 16.
+    M = 256 (warp-specialized above M = 64) and on K >= 8192 up to M = 16.
     """
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
@@ -136,8 +139,8 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     # smallest power of two >= M (the TMA tile of x reads zeros past M).
     if block_k == 128 and m <= 256 and (not small or (m <= 16 and k >= 8192)):
         rows = max(8, 1 << (m - 1).bit_length())
-        if m > 64:
-            return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True)
+        if m > 64:  # warp-specialized: a producer warp issues the TMA refills
+            return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
         if small:
             return Int4GemmConfig(
                 "wgmma", rows, 64, 128, _pow2_split(8, k, 128, 8), 4, 4, swap=True

@@ -289,6 +289,38 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
 
 
 @gluon.jit
+def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
+                   stride_out_m, MODE: gl.constexpr):  # fmt: skip
+    """Store acc [BLOCK_N, BLOCK_M] (transposed) into out, or reduce the splits of a tile as
+    int4_tiles._epilogue (MODE 0 store, 1 fp32 atomics, 2 workspace and ticket)."""
+    mma_layout: gl.constexpr = acc.type.layout
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    BLOCK_M: gl.constexpr = acc.shape[1]
+    dtype: gl.constexpr = out_ptr.dtype.element_ty
+    offs_on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
+    mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
+    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
+    if MODE == 0:
+        gl.store(out_ptrs, acc.to(dtype), mask=mask)
+    elif MODE == 1:
+        gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        # as int4_tiles._epilogue: the last split of a tile reads the sum, stores the output
+        # and leaves workspace and lock at 0
+        ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
+        gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        gl.thread_barrier()
+        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = gl.atomic_add(ws_ptrs, gl.zeros_like(acc), mask=mask)
+            total = gl.where(mask, total, 0.0)
+            gl.store(out_ptrs, total.to(dtype), mask=mask)
+            gl.store(ws_ptrs, gl.zeros_like(acc), mask=mask)
+            gl.atomic_xchg(lock_ptr + pid, 0)
+
+
+@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
@@ -370,27 +402,150 @@ def _int4_wgmma_swap_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    offs_on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
-    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
-    mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
-    if MODE == 0:
-        gl.store(out_ptrs, acc.to(dtype), mask=mask)
-    elif MODE == 1:
-        gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    else:
-        # as int4_tiles._epilogue: the last split of a tile reads the sum, stores the output
-        # and leaves workspace and lock at 0
-        ws_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
-        gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
-        gl.thread_barrier()
-        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
-            total = gl.atomic_add(ws_ptrs, gl.zeros_like(acc), mask=mask)
-            total = gl.where(mask, total, 0.0)
-            gl.store(out_ptrs, total.to(dtype), mask=mask)
-            gl.store(ws_ptrs, gl.zeros_like(acc), mask=mask)
-            gl.atomic_xchg(lock_ptr + pid, 0)
+    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
+                   stride_out_m, MODE)  # fmt: skip
+
+
+@gluon.jit
+def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                   empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                   GROUP_TILES: gl.constexpr):  # fmt: skip
+    """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
+    consumers released it (an empty barrier's previous phase counts as done at the start)."""
+    for kt in range(num_k):
+        slot = kt % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
+        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                         kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
+
+
+@gluon.jit
+def _swap_consumer(x_bufs, q_bufs, s_bufs, o_bufs, ready, empty, num_k, L3: gl.constexpr,
+                   S_LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   num_warps: gl.constexpr):  # fmt: skip
+    """The decoding warpgroups of the specialized form: the loop of ``_int4_wgmma_swap_kernel``
+    without the refills; a slot goes back to the producer through its empty barrier."""
+    dtype: gl.constexpr = x_bufs.dtype
+    IS_BF16: gl.constexpr = dtype == gl.bfloat16
+    BLOCK_N: gl.constexpr = q_bufs.shape[1]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    q_layout: gl.constexpr = gl.SliceLayout(2, L3)
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
+                     NUM_STAGES, IS_BF16)  # fmt: skip
+    for kt in range(num_k):
+        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
+        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16)  # fmt: skip
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        gl.thread_barrier()  # every consumer warp is done with tile kt's slot
+        mbarrier.arrive(empty.index(kt % NUM_STAGES))
+        a = a_next
+    return (acc,)
+
+
+@gluon.jit
+def _int4_wgmma_swap_ws_kernel(
+    x_desc,
+    qw_desc,
+    s_desc,
+    o_desc,
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    num_splits,
+    stride_out_m,
+    L3: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+    GROUP_TILES: gl.constexpr,
+    MODE: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """``_int4_wgmma_swap_kernel`` with its refills moved to a producer warp (warp
+    specialization): the decoding warps no longer stop for the TMA issue and its fences."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
+    dtype: gl.constexpr = x_desc.dtype
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    off_n = (pid % num_pid_n) * BLOCK_N
+    off_m = (pid // num_pid_n) * BLOCK_M
+
+    x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    q_bufs = gl.allocate_shared_memory(
+        gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8], qw_desc.layout
+    )
+    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    k_tile0 = pid_k * (k_per_split // BLOCK_K)
+    num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
+    (acc,) = gl.warp_specialize(
+        [
+            (
+                _swap_consumer,
+                (
+                    x_bufs,
+                    q_bufs,
+                    s_bufs,
+                    o_bufs,
+                    ready,
+                    empty,
+                    num_k,
+                    L3,
+                    S_LAYOUT,
+                    BLOCK_M,
+                    NUM_STAGES,
+                    num_warps,
+                ),  # fmt: skip
+            ),
+            (
+                _swap_producer,
+                (
+                    x_desc,
+                    qw_desc,
+                    s_desc,
+                    o_desc,
+                    x_bufs,
+                    q_bufs,
+                    s_bufs,
+                    o_bufs,
+                    ready,
+                    empty,
+                    num_k,
+                    k_tile0,
+                    off_m,
+                    off_n,
+                    NUM_STAGES,
+                    GROUP_TILES,
+                ),  # fmt: skip
+            ),
+        ],
+        [1],
+        [40],
+    )
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
+                   stride_out_m, MODE)  # fmt: skip
 
 
 @functools.cache
@@ -503,6 +658,7 @@ def int4_wgmma_swap(
     split_k: int = 1,
     num_stages: int = 4,
     num_warps: int = 4,
+    specialized: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -514,7 +670,8 @@ def int4_wgmma_swap(
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
-    _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
+    kernel = _int4_wgmma_swap_ws_kernel if specialized else _int4_wgmma_swap_kernel
+    kernel[(num_tiles, num_splits)](
         TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
         TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),

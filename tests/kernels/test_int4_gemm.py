@@ -82,6 +82,7 @@ CONFIGS = [
     ),
     ("gemv-prefetch-split", Int4GemmConfig("gemv", 16, 16, 32, split_k=2, prefetch=True)),
     ("wgmma-fallback", Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4)),
+    ("wgmma-swap-fallback", Int4GemmConfig("wgmma", 8, 128, 128, 2, 4, 4, swap=True)),
 ]
 
 
@@ -108,6 +109,7 @@ ROWS = {
     "gemv-fold-prefetch": [1, 3],
     "gemv-prefetch-split": [1],
     "wgmma-fallback": [3],
+    "wgmma-swap-fallback": [2],
 }
 
 
@@ -168,7 +170,8 @@ def test_bad_input_raises():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n", [(1, 4152), (16, 4152), (64, 4152), (300, 4152), (64, 8248),
-                                  (200, 8248), (1, 16440)])  # fmt: skip
+                                  (200, 8248), (1, 16440), (5, 16440), (48, 16440),
+                                  (100, 16440)])  # fmt: skip
 def test_cuda_graph_replay_bf16(m, n):
     """The table's launch for each M bucket and weight width inside a CUDA graph (split-K
     workspace included), replayed on fresh inputs."""
@@ -216,6 +219,8 @@ GPU_CONFIGS = [
     Int4GemmConfig("mm", 128, 128, 64, 1, 8, 4, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("mm", 64, 64, 64, 2, 4, 4, pipelined=True, asm=True, tma=True),
     Int4GemmConfig("wgmma", 256, 128, 64, 1, 8, 4),  # group 32: the fallback
+    # odd N (scale rows TMA cannot address) or group 32: the swapped TMA mm fallback
+    Int4GemmConfig("wgmma", 16, 64, 128, 4, 4, 4, swap=True),
 ]
 
 

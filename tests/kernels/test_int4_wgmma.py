@@ -76,6 +76,21 @@ def test_swap_matches_reference(group_size, dtype, tiles):
         assert_close(out, int4_gemm_ref(x, weight), dtype, f"swap {tiles} M={m} g={group_size}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "tiles", [(16, 128, 128, 1, 4, 4), (16, 64, 64, 3, 3, 4), (64, 128, 128, 2, 4, 8),
+              (256, 128, 128, 1, 2, 8)], ids=lambda t: "x".join(map(str, t)),
+)  # fmt: skip
+def test_swap_specialized_matches_reference(dtype, tiles):
+    """The warp-specialized form: a producer warp refills the ring, the decoding warps hand
+    slots back through empty barriers (K of 1024 gives 4-16 K tiles against rings of 2-4)."""
+    weight = random_weight(1000 + 40, 1024, 128, seed=11)
+    for m in (1, 16, 37, 130):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        out = int4_wgmma_swap(x, weight, *tiles, specialized=True)
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"specialized {tiles} M={m}")
+
+
 def test_swap_group_32_and_graph_capture_without_workspace():
     """K tiles of 32 (group 32), then a capture that would have to grow the split-K
     workspace: the launch adds into a zeroed fp32 output instead (MODE 1)."""
