@@ -321,6 +321,64 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m,
 
 
 @gluon.jit
+def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                   empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
+                   S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
+                   SPECIALIZED: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
+    1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
+    it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
+    empty barrier."""
+    dtype: gl.constexpr = x_desc.dtype
+    IS_BF16: gl.constexpr = dtype == gl.bfloat16
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    q_layout: gl.constexpr = gl.SliceLayout(2, L3)
+    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
+    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
+                     NUM_STAGES, IS_BF16)  # fmt: skip
+    for kt in range(num_k):
+        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
+        # the next tile (the last one again at the end: its slot is never refilled) is decoded
+        # while the tensor cores multiply this one
+        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16)  # fmt: skip
+        # The wgmma reads ``a`` from registers asynchronously: ``a`` (the very value it was
+        # given) stays live until this wait, so the decode above cannot reuse its registers.
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        # every warp is past its wait and has read its words of tile kt (decoded one step
+        # earlier) before the slot is refilled with tile kt + NUM_STAGES
+        gl.thread_barrier()
+        if SPECIALIZED:
+            mbarrier.arrive(empty.index(kt % NUM_STAGES))
+        else:
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
+        a = a_next
+    return (acc,)
+
+
+@gluon.jit
+def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                   empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                   GROUP_TILES: gl.constexpr):  # fmt: skip
+    """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
+    consumers released it (an empty barrier's previous phase counts as done at the start)."""
+    for kt in range(num_k):
+        slot = kt % NUM_STAGES
+        mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
+        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                         kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
+
+
+@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
@@ -340,143 +398,17 @@ def _int4_wgmma_swap_kernel(
     GROUP_TILES: gl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
     MODE: gl.constexpr,  # split-K epilogue, as int4_tiles._epilogue
     NUM_STAGES: gl.constexpr,
+    SPECIALIZED: gl.constexpr,  # a producer warp issues the TMA refills
     num_warps: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-    WORDS: gl.constexpr = BLOCK_K // 8
     dtype: gl.constexpr = x_desc.dtype
-    IS_BF16: gl.constexpr = dtype == gl.bfloat16
 
     # acc [BLOCK_N, BLOCK_M] += dequant(W tile) [BLOCK_N, BLOCK_K] @ x tile^T: the weight is the
     # register operand of wgmma (decoded straight into its fragment), x the shared one, read
     # from its TMA buffer. Tiles run along N first so neighbouring programs share x's tile.
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    off_n = (pid % num_pid_n) * BLOCK_N
-    off_m = (pid // num_pid_n) * BLOCK_M
-
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    q_layout: gl.constexpr = gl.SliceLayout(2, L3)
-
-    x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    q_bufs = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N, WORDS], qw_desc.layout)
-    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
-    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(bars.index(i), count=1)
-
-    k_tile0 = pid_k * (k_per_split // BLOCK_K)
-    num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
-    for i in gl.static_range(NUM_STAGES):
-        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars,
-                         i, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
-
-    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-    a = _decode_step(q_bufs, s_bufs, o_bufs, bars, 0, sel, a_layout, q_layout, S_LAYOUT,
-                     NUM_STAGES, IS_BF16)  # fmt: skip
-    for kt in range(num_k):
-        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
-        # the next tile (the last one again at the end: its slot is never refilled) is decoded
-        # while the tensor cores multiply this one
-        a_next = _decode_step(q_bufs, s_bufs, o_bufs, bars, gl.minimum(kt + 1, num_k - 1), sel,
-                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16)  # fmt: skip
-        # The wgmma reads ``a`` from registers asynchronously: ``a`` (the very value it was
-        # given) stays live until this wait, so the decode above cannot reuse its registers.
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        # every warp is past its wait and has read its words of tile kt (decoded one step
-        # earlier) before the slot is refilled with tile kt + NUM_STAGES
-        gl.thread_barrier()
-        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars,
-                         kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                         GROUP_TILES)  # fmt: skip
-        a = a_next
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(bars.index(i))
-
-    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
-                   stride_out_m, MODE)  # fmt: skip
-
-
-@gluon.jit
-def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                   empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                   GROUP_TILES: gl.constexpr):  # fmt: skip
-    """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
-    consumers released it (an empty barrier's previous phase counts as done at the start)."""
-    for kt in range(num_k):
-        slot = kt % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
-        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                         kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
-
-
-@gluon.jit
-def _swap_consumer(x_bufs, q_bufs, s_bufs, o_bufs, ready, empty, num_k, L3: gl.constexpr,
-                   S_LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   num_warps: gl.constexpr):  # fmt: skip
-    """The decoding warpgroups of the specialized form: the loop of ``_int4_wgmma_swap_kernel``
-    without the refills; a slot goes back to the producer through its empty barrier."""
-    dtype: gl.constexpr = x_bufs.dtype
-    IS_BF16: gl.constexpr = dtype == gl.bfloat16
-    BLOCK_N: gl.constexpr = q_bufs.shape[1]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    q_layout: gl.constexpr = gl.SliceLayout(2, L3)
-    t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
-                     NUM_STAGES, IS_BF16)  # fmt: skip
-    for kt in range(num_k):
-        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
-        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
-                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16)  # fmt: skip
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        gl.thread_barrier()  # every consumer warp is done with tile kt's slot
-        mbarrier.arrive(empty.index(kt % NUM_STAGES))
-        a = a_next
-    return (acc,)
-
-
-@gluon.jit
-def _int4_wgmma_swap_ws_kernel(
-    x_desc,
-    qw_desc,
-    s_desc,
-    o_desc,
-    out_ptr,
-    ws_ptr,
-    lock_ptr,
-    M,
-    N,
-    K,
-    k_per_split,
-    num_splits,
-    stride_out_m,
-    L3: gl.constexpr,
-    S_LAYOUT: gl.constexpr,
-    GROUP_TILES: gl.constexpr,
-    MODE: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """``_int4_wgmma_swap_kernel`` with its refills moved to a producer warp (warp
-    specialization): the decoding warps no longer stop for the TMA issue and its fences."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-    dtype: gl.constexpr = x_desc.dtype
     pid = gl.program_id(0)
     pid_k = gl.program_id(1)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -497,50 +429,28 @@ def _int4_wgmma_swap_ws_kernel(
 
     k_tile0 = pid_k * (k_per_split // BLOCK_K)
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
-    (acc,) = gl.warp_specialize(
-        [
-            (
-                _swap_consumer,
-                (
-                    x_bufs,
-                    q_bufs,
-                    s_bufs,
-                    o_bufs,
-                    ready,
-                    empty,
-                    num_k,
-                    L3,
-                    S_LAYOUT,
-                    BLOCK_M,
-                    NUM_STAGES,
-                    num_warps,
-                ),  # fmt: skip
-            ),
-            (
-                _swap_producer,
-                (
-                    x_desc,
-                    qw_desc,
-                    s_desc,
-                    o_desc,
-                    x_bufs,
-                    q_bufs,
-                    s_bufs,
-                    o_bufs,
-                    ready,
-                    empty,
-                    num_k,
-                    k_tile0,
-                    off_m,
-                    off_n,
-                    NUM_STAGES,
-                    GROUP_TILES,
-                ),  # fmt: skip
-            ),
-        ],
-        [1],
-        [40],
-    )
+    if SPECIALIZED:
+        (acc,) = gl.warp_specialize(
+            [
+                (_swap_mainloop,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
+                  SPECIALIZED, num_warps)),
+                (_swap_producer,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
+            ],
+            [1],
+            [40],
+        )  # fmt: skip
+    else:
+        for i in gl.static_range(NUM_STAGES):
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
+        (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                                ready, empty, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
+                                GROUP_TILES, NUM_STAGES, SPECIALIZED, num_warps)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
@@ -670,8 +580,7 @@ def int4_wgmma_swap(
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
-    kernel = _int4_wgmma_swap_ws_kernel if specialized else _int4_wgmma_swap_kernel
-    kernel[(num_tiles, num_splits)](
+    _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
         TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
         TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),
@@ -692,6 +601,7 @@ def int4_wgmma_swap(
         GROUP_TILES=0 if g == k else g // block_k,
         MODE=mode,
         NUM_STAGES=num_stages,
+        SPECIALIZED=specialized,
         num_warps=num_warps,
     )
     return out.to(x.dtype) if mode == 1 else out
