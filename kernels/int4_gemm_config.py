@@ -78,6 +78,8 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+        if self.specialized and not (self.strategy == "wgmma" and self.swap):
+            raise ValueError("specialized applies to the wgmma strategy with swap=True only")
 
 
 # Where the wgmma kernel does not apply: the unswapped TMA mm kernel of the same bucket.

@@ -164,6 +164,8 @@ def test_bad_input_raises():
         w.narrow_k(16, 32)
     with pytest.raises(ValueError, match="strategy"):
         Int4GemmConfig("cutlass")
+    with pytest.raises(ValueError, match="specialized applies"):
+        Int4GemmConfig("mm", specialized=True)
     with pytest.raises(ValueError, match="equal K"):
         Int4Weight.cat_n([w, random_weight(16, 128, 32, seed=4)])
 
