@@ -422,14 +422,15 @@ def _int4_wgmma_swap_kernel(
     s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
 
     k_tile0 = pid_k * (k_per_split // BLOCK_K)
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
     if SPECIALIZED:
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(empty.index(i), count=1)
         (acc,) = gl.warp_specialize(
             [
                 (_swap_mainloop,
@@ -443,17 +444,19 @@ def _int4_wgmma_swap_kernel(
             [1],
             [40],
         )  # fmt: skip
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(empty.index(i))
     else:
         for i in gl.static_range(NUM_STAGES):
             _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                              ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
                              GROUP_TILES)  # fmt: skip
+        # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
         (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                ready, empty, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
+                                ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
                                 GROUP_TILES, NUM_STAGES, SPECIALIZED, num_warps)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
 
