@@ -11,6 +11,12 @@ Canonical form (``Int4Weight``), chosen for wide contiguous loads along K:
 - ``in_perm`` int64 ``[K]`` or None: act-order checkpoints are permuted once at load so groups
   are contiguous, and the activations are gathered ``x[:, in_perm]`` before the product.
 
+On Hopper, wide weights are held with their words in fragment order instead (``frag``, put
+there once at load by ``Int4Linear`` where ``frag_preferred``): the same codes permuted
+within each 128-column tile so that the swapped wgmma kernel's lanes each read their own
+bytes (``int4_weight.frag_order``); only that kernel (M <= 256) and the dequantizers read
+them.
+
 Concatenating weights along N (fused ``qkv_proj``, ``gate_up_proj``) is a ``cat`` of every
 tensor along its N dimension (``Int4Weight.cat_n``); slicing on group boundaries along N or K
 (tensor parallelism) is plain slicing (``narrow_n``, ``narrow_k``).
@@ -47,7 +53,7 @@ from kernels.int4_tiles import (
     _unpack,
     _x_planes,
 )
-from kernels.int4_weight import Int4Weight, tma_tiles_ok
+from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_unorder, tma_tiles_ok
 from kernels.pdl import has_pdl
 from kernels.split_k import split_k_output
 
@@ -56,7 +62,14 @@ try:  # Gluon is experimental in Triton: without it the wgmma strategy falls bac
 except (ImportError, AttributeError):  # pragma: no cover - depends on the Triton build
     int4_wgmma = int4_wgmma_swap = wgmma_ok = wgmma_swap_ok = None
 
-__all__ = ["Int4Weight", "Int4GemmConfig", "int4_gemm", "int4_gemm_ref", "dequantize_int4"]
+__all__ = [
+    "Int4Weight",
+    "Int4GemmConfig",
+    "int4_gemm",
+    "int4_gemm_ref",
+    "dequantize_int4",
+    "frag_preferred",
+]
 
 
 @triton.jit
@@ -566,9 +579,13 @@ def _int4_dequant_kernel(
     stride_out_n,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FRAG: tl.constexpr,
 ):
     # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
     # BLOCK_K divides group_size (or K is one group): one scale per row of the tile.
+    # FRAG (fragment-ordered words, BLOCK_K = 128): code j of word w of the tile is column
+    # 32b + 16c + 8e + 2t + h with w = 4t + b, j = 4h + 2c + e (int4_weight.frag_order); the
+    # tile is put in column order in registers, so the stores stay contiguous.
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -583,6 +600,9 @@ def _int4_dequant_kernel(
     s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     w = _unpack(q).to(tl.float32) * s[:, None] + o[:, None]
+    if FRAG:  # [n, t, b, h, c, e] -> [n, b, c, e, t, h]
+        w = tl.reshape(w, [BLOCK_N, 4, 4, 2, 2, 2])
+        w = tl.reshape(tl.permute(w, (0, 2, 4, 5, 1, 3)), [BLOCK_N, BLOCK_K])
     mask = n_mask[:, None] & (offs_k[None, :] < K)
     tl.store(
         out_ptr + offs_n[:, None] * stride_out_n + offs_k[None, :],
@@ -608,7 +628,7 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
     n, k = weight.out_features, weight.in_features
     out = torch.empty((n, k), dtype=dtype, device=weight.qweight.device)
     g = weight.group_size
-    block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g
+    block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g  # 128 for a fragment order
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
     _int4_dequant_kernel[grid](
         weight.qweight,
@@ -623,6 +643,7 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
         out.stride(0),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        FRAG=weight.frag,
     )
     return out
 
@@ -647,7 +668,12 @@ def int4_gemm(
         x2 = x2.contiguous()
     m, k = x2.shape
     n = weight.out_features
-    cfg = config or choose_config(m, n, k, weight.group_size, x2.device)
+    cfg = config or choose_config(m, n, k, weight.group_size, x2.device, frag=weight.frag)
+    if weight.frag and not (cfg.strategy == "dequant" or cfg.strategy == "wgmma" and cfg.swap):
+        raise ValueError(
+            "fragment-ordered weights (Int4Weight.frag) run on the swapped wgmma kernel or on "
+            f"dequantize + cuBLAS; got strategy {cfg.strategy!r} (swap={cfg.swap})"
+        )
     if cfg.strategy == "dequant":
         out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
     else:
@@ -655,6 +681,25 @@ def int4_gemm(
     if bias is not None:
         out = out + bias
     return out.reshape(*lead, n)
+
+
+def frag_preferred(weight: Int4Weight) -> bool:
+    """Whether ``weight`` should be held in fragment order (``Int4Weight.to_frag``): a wide
+    weight (N > 8192, the width where the swapped wgmma kernel leads at every M <= 256) with
+    groups of 128 or more on an sm_90+ GPU whose Triton has Gluon, scale rows TMA can address
+    (N a multiple of 8). Such a weight then runs on that kernel up to M = 256 and on
+    dequantize + cuBLAS above (BENCHMARKS.md, "INT4 GEMM")."""
+    n, k, g = weight.out_features, weight.in_features, weight.group_size
+    q = weight.qweight
+    return (
+        int4_wgmma is not None
+        and q.device.type == "cuda"
+        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        and n > 8192
+        and n % 8 == 0
+        and k % FRAG_TILE_K == 0
+        and (g % FRAG_TILE_K == 0 or g == k)
+    )
 
 
 def _sub_k(group_size: int) -> int:
@@ -685,6 +730,8 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
                 cfg.num_warps, cfg.specialized,
             )  # fmt: skip
+        if weight.frag:  # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads these
+            return torch.nn.functional.linear(x, dequantize_int4_triton(weight, x.dtype))
         if not cfg.swap and int4_wgmma is not None and wgmma_ok(x, weight, cfg.block_k):
             return int4_wgmma(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, cfg.num_warps
@@ -881,8 +928,9 @@ def dequantize_int4(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> t
     that ``x @ dequantize_int4(w).T`` needs no gather.
     """
     n, k, g = weight.out_features, weight.in_features, weight.group_size
+    qweight = frag_unorder(weight.qweight) if weight.frag else weight.qweight
     shifts = torch.arange(0, 32, 4, device=weight.qweight.device, dtype=torch.int32)
-    codes = ((weight.qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k).float()
+    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k).float()
     scales = weight.scales.float().t().repeat_interleave(g, dim=1)
     offsets = weight.offsets.float().t().repeat_interleave(g, dim=1)
     w = codes * scales + offsets

@@ -108,7 +108,29 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     return split
 
 
-def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Int4GemmConfig:
+def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
+    """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
+    wgmma kernel and the dequantizer read: from the H200 sweep of 2026-11-30 (fourth session,
+    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"), K tiles of 128, wgmma's
+    N the smallest power of two >= M; warp-specialized above M = 64; dequantize + cuBLAS above
+    M = 256. Narrow weights (N <= 8192, not put in this order by ``frag_preferred``) split K."""
+    if m > 256:
+        return Int4GemmConfig("dequant")
+    rows = max(8, 1 << (m - 1).bit_length())
+    if m > 64:
+        warps, stages = (4, 4) if rows == 128 else (8, 2)
+        return Int4GemmConfig(
+            "wgmma", rows, 128, 128, 1, warps, stages, swap=True, specialized=True
+        )
+    if n <= 8192:
+        split = _pow2_split(8 if k >= 8192 else 4, k, 128, 8)
+        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True)
+    return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if rows >= 64 else 4, 4, swap=True)
+
+
+def choose_config(
+    m: int, n: int, k: int, group_size: int, device: torch.device, frag: bool = False
+) -> Int4GemmConfig:
     """The table: strategy and tiles from the number of rows M and the weight's shape.
 
     From the H200 sweeps of 2026-11-29 and 30 (Llama-3-8B shapes, group 128; BENCHMARKS.md,
@@ -124,8 +146,11 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
     2026-11-30): the swapped Gluon kernel, K tiles of 128, on wide weights (N > 8192) up to
-    M = 256 (warp-specialized above M = 64) and on K >= 8192 up to M = 16.
+    M = 256 (warp-specialized above M = 64) and on K >= 8192 up to M = 16. ``frag``: the
+    weight's words are in fragment order (``_frag_config``).
     """
+    if frag:
+        return _frag_config(m, n, k)
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
         fold = {"fold": True, "asm": True, "pdl": True}
@@ -141,8 +166,10 @@ def choose_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     # smallest power of two >= M (the TMA tile of x reads zeros past M).
     if block_k == 128 and m <= 256 and (not small or (m <= 16 and k >= 8192)):
         rows = max(8, 1 << (m - 1).bit_length())
-        if m > 64:  # warp-specialized: a producer warp issues the TMA refills
+        if m > 128:  # warp-specialized: a producer warp issues the TMA refills
             return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
+        if m > 64:  # 128 rows (256 would multiply half zeros: 2x slower at M = 128)
+            return Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 4, swap=True, specialized=True)
         if small:
             return Int4GemmConfig(
                 "wgmma", rows, 64, 128, _pow2_split(8, k, 128, 8), 4, 4, swap=True

@@ -6,9 +6,11 @@ Concatenation along N (fused ``qkv_proj``, ``gate_up_proj``) and slicing on grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+FRAG_TILE_K = 128  # K columns per tile of the fragment order (``frag_order``)
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,9 @@ class Int4Weight:
     """A packed INT4 weight in the kernel's canonical layout (see the module docstring).
 
     Shapes: qweight int32 [N, K // 8]; scales, offsets [K // group_size, N]; in_perm int64 [K]
-    or None.
+    or None. ``frag``: the words are in fragment order (``frag_order``), the layout of the
+    Hopper kernel for small M; then K and the group size are multiples of 128 (or the group is
+    K), and only that kernel and the dequantizers read them (``to_frag``, ``to_canonical``).
     """
 
     qweight: torch.Tensor
@@ -24,6 +28,7 @@ class Int4Weight:
     offsets: torch.Tensor
     group_size: int
     in_perm: torch.Tensor | None = None
+    frag: bool = False
 
     def __post_init__(self) -> None:
         if self.qweight.dtype != torch.int32 or self.qweight.dim() != 2:
@@ -45,6 +50,12 @@ class Int4Weight:
                 raise ValueError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
         if self.in_perm is not None and tuple(self.in_perm.shape) != (k,):
             raise ValueError(f"in_perm must have shape ({k},), got {tuple(self.in_perm.shape)}")
+        g = self.group_size
+        if self.frag and (k % FRAG_TILE_K or (g % FRAG_TILE_K and g != k)):
+            raise ValueError(
+                f"fragment order needs K and the group size multiples of {FRAG_TILE_K} (or one "
+                f"group), got K={k}, group_size={self.group_size}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -63,7 +74,7 @@ class Int4Weight:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def to(self, device: torch.device | str) -> Int4Weight:
-        """A copy on ``device`` (dtypes unchanged)."""
+        """A copy on ``device`` (dtypes and word order unchanged)."""
         perm = None if self.in_perm is None else self.in_perm.to(device)
         return Int4Weight(
             self.qweight.to(device),
@@ -71,7 +82,20 @@ class Int4Weight:
             self.offsets.to(device),
             self.group_size,
             perm,
+            self.frag,
         )
+
+    def to_frag(self) -> Int4Weight:
+        """The same weight with its words in fragment order (itself if they already are)."""
+        if self.frag:
+            return self
+        return replace(self, qweight=frag_order(self.qweight), frag=True)
+
+    def to_canonical(self) -> Int4Weight:
+        """The same weight with its words in canonical order (itself if they already are)."""
+        if not self.frag:
+            return self
+        return replace(self, qweight=frag_unorder(self.qweight), frag=False)
 
     @staticmethod
     def cat_n(weights: list[Int4Weight]) -> Int4Weight:
@@ -91,12 +115,15 @@ class Int4Weight:
             )
             if not same_perm:
                 raise ValueError("cat_n needs identical in_perm (act-order permutation)")
+            if w.frag != first.frag:
+                raise ValueError("cat_n needs the same word order (all fragment-ordered or none)")
         return Int4Weight(
             torch.cat([w.qweight for w in weights], 0),
             torch.cat([w.scales for w in weights], 1),
             torch.cat([w.offsets for w in weights], 1),
             first.group_size,
             first.in_perm,
+            first.frag,
         )
 
     def narrow_n(self, start: int, length: int) -> Int4Weight:
@@ -107,6 +134,7 @@ class Int4Weight:
             self.offsets[:, start : start + length].contiguous(),
             self.group_size,
             self.in_perm,
+            self.frag,
         )
 
     def narrow_k(self, start: int, length: int) -> Int4Weight:
@@ -125,6 +153,7 @@ class Int4Weight:
             self.offsets[start // g : (start + length) // g].contiguous(),
             g,
             None,
+            self.frag,
         )
 
 
@@ -145,3 +174,40 @@ def tma_tiles_ok(x: torch.Tensor, weight: Int4Weight, block_k: int) -> bool:
             for t in (x, weight.qweight)
         )
     )
+
+
+def _frag_source_k(device: torch.device | str = "cpu") -> torch.Tensor:
+    """[16, 8] int64: the K offset (within a 128-column tile) of nibble j of word w of a tile
+    in fragment order. Word w = 4t + b carries what the lane with t = lane % 4 of a wgmma A
+    fragment needs from the tile's 32-column block b: its register j % 4 = 2c + e (columns
+    16c + 8e + 2t and + 1) as nibbles j % 4 (the first column) and j % 4 + 4 (the second)."""
+    w = torch.arange(16, device=device).unsqueeze(1)
+    j = torch.arange(8, device=device).unsqueeze(0)
+    t, b = w // 4, w % 4
+    c, e, h = (j % 4) // 2, j % 2, j // 4
+    return 32 * b + 16 * c + 8 * e + 2 * t + h
+
+
+def frag_order(qweight: torch.Tensor) -> torch.Tensor:
+    """Canonical words int32 [N, K // 8] -> the same codes in fragment order (K a multiple of
+    128): within each 128-column tile of a row, word 4t + b holds the 8 codes the lane t of a
+    Hopper wgmma A fragment decodes for the tile's block b (``_frag_source_k``), so that lane
+    loads its 16 bytes and no others, and every register is one nibble pair (j, j + 4)."""
+    n, words = qweight.shape
+    if words % 16:
+        raise ValueError(f"fragment order needs K a multiple of 128, got K={words * 8}")
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, words // 16, 128)
+    src = _frag_source_k(qweight.device).reshape(-1)
+    codes = codes[:, :, src].reshape(n, words, 8)
+    return (codes << shifts).sum(dim=-1, dtype=torch.int32)
+
+
+def frag_unorder(qweight: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``frag_order``: fragment-ordered words -> canonical words."""
+    n, words = qweight.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, words // 16, 128)
+    out = torch.empty_like(codes)
+    out[:, :, _frag_source_k(qweight.device).reshape(-1)] = codes
+    return (out.reshape(n, words, 8) << shifts).sum(dim=-1, dtype=torch.int32)

@@ -118,3 +118,28 @@ def test_swap_group_32_and_graph_capture_without_workspace():
             assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "graph, MODE 1")
     finally:
         split_k._WORKSPACES.update(saved)
+
+
+# Fragment-ordered words (Int4Weight.frag): K tiles of 128 only.
+FRAG_TILES = [(8, 128, 128, 1, 4, 4), (16, 64, 128, 3, 4, 4), (64, 128, 128, 1, 4, 8),
+              (32, 128, 128, 2, 6, 4), (128, 64, 128, 1, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("group_size", [128, 256, 1024])  # 1024 = K: per channel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tiles", FRAG_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_swap_fragment_order_matches_reference(group_size, dtype, tiles):
+    """The swapped kernel on fragment-ordered words (each lane loads its own 16 bytes of a
+    row and decodes nibble pairs (j, j + 4)), against the reference on the canonical weight;
+    masked N, splits of 3 (a short last split)."""
+    weight = random_weight(1000 + 40, 1024, group_size, seed=group_size + 1)
+    frag = weight.to_frag()
+    for m in (1, 5, 16, 37, 64, 130):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        out = int4_wgmma_swap(x, frag, *tiles)
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag {tiles} M={m} g={group_size}")
+    if tiles[0] >= 64:
+        out = int4_wgmma_swap(x, frag, *tiles, specialized=True)
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag specialized {tiles}")
+    with pytest.raises(ValueError, match="block_k=128"):
+        int4_wgmma_swap(x, frag, 16, 64, 64)

@@ -1,0 +1,137 @@
+"""The fragment word order of INT4 weights (``Int4Weight.frag``): the layout, checked against
+the wgmma A-fragment definition; the dequantizers (PyTorch, and the Triton kernel under the
+interpreter on CPU); ``int4_gemm``'s routing; ``Int4Linear``'s conversion on Hopper."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import (jit decoration)
+
+from engine.quant.int4_linear import Int4Linear  # noqa: E402
+from kernels.int4_gemm import (  # noqa: E402
+    Int4GemmConfig,
+    Int4Weight,
+    dequantize_int4,
+    dequantize_int4_triton,
+    frag_preferred,
+    int4_gemm,
+    int4_gemm_ref,
+)
+from kernels.int4_gemm_config import choose_config  # noqa: E402
+from kernels.int4_weight import frag_order, frag_unorder  # noqa: E402
+from tests.kernels.test_int4_gemm import DEVICE, assert_close, random_weight  # noqa: E402
+
+
+def codes_of(qweight: torch.Tensor) -> torch.Tensor:
+    """Nibble j of word w as codes [N, words, 8] (independent of the kernels' helpers)."""
+    q = qweight.to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([(q >> (4 * j)) & 0xF for j in range(8)], dim=-1)
+
+
+def test_layout_is_the_wgmma_fragment():
+    """Hopper's wgmma A fragment (PTX ISA, "Register fragments: matrix A", 16-bit types): in a
+    k16 step, lane l holds row l // 4 (and + 8) at columns 2t, 2t + 1 (register a0 / a1) and
+    2t + 8, 2t + 9 (a2 / a3), t = l % 4. The fragment order gives lane t, for the 32-column
+    block b of a 128-column tile, one word 4t + b whose register r = 2c + e (k16 step c of the
+    block, e = 0 for columns 2t.., 1 for 2t + 8..) is nibbles r (first column) and r + 4."""
+    w = random_weight(3, 256, 128, seed=11).to("cpu")
+    canon = codes_of(w.qweight).reshape(3, 256)  # code of column k
+    frag = codes_of(frag_order(w.qweight)).reshape(3, 2, 16, 8)  # [row, tile, word, nibble]
+    for tile in range(2):
+        for t in range(4):
+            for b in range(4):
+                for c in range(2):
+                    for e in range(2):
+                        col = tile * 128 + 32 * b + 16 * c + 8 * e + 2 * t
+                        r = 2 * c + e
+                        word = frag[:, tile, 4 * t + b]
+                        assert torch.equal(word[:, r], canon[:, col]), (tile, t, b, c, e)
+                        assert torch.equal(word[:, r + 4], canon[:, col + 1]), (tile, t, b, c, e)
+    assert torch.equal(frag_unorder(frag_order(w.qweight)), w.qweight)
+
+
+@pytest.mark.parametrize("group_size", [128, 256, 512])  # 512 = K: per channel
+def test_dequantizers(group_size):
+    w = random_weight(40, 512, group_size, seed=12)
+    f = w.to_frag()
+    assert f.frag and not torch.equal(f.qweight, w.qweight)
+    dense = dequantize_int4(w)
+    torch.testing.assert_close(dequantize_int4(f), dense, rtol=0, atol=0)
+    for dtype in (torch.float16, torch.float32):
+        torch.testing.assert_close(
+            dequantize_int4_triton(f, dtype), dequantize_int4_triton(w, dtype), rtol=0, atol=0
+        )
+        assert_close(dequantize_int4_triton(f, dtype).float(), dense, dtype, "frag dequant")
+    assert f.to_canonical().frag is False
+    assert torch.equal(f.to_canonical().qweight, w.qweight)
+
+
+def test_int4_gemm_routes_fragment_order():
+    """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
+    gives such weights the swapped wgmma kernel (M <= 256) or dequantize only."""
+    w = random_weight(48, 256, 128, seed=13, perm=True).to_frag()
+    for m in (1, 7, 300):
+        x = torch.randn(m, 256, device=DEVICE)
+        assert_close(int4_gemm(x, w), int4_gemm_ref(x, w), torch.float32, f"M={m}")
+        assert_close(int4_gemm_ref(x, w), int4_gemm_ref(x, w.to_canonical()), torch.float32, "ref")
+    for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
+        for n in (4096, 28672):
+            cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
+            assert cfg.strategy == "dequant" if m > 256 else cfg.swap, (m, n, cfg)
+            assert cfg.strategy == "dequant" or cfg.block_k == 128 and cfg.block_m >= m
+    with pytest.raises(ValueError, match="fragment-ordered"):
+        int4_gemm(torch.randn(2, 256, device=DEVICE), w, config=Int4GemmConfig("gemv"))
+
+
+def test_fragment_order_bad_input():
+    w = random_weight(16, 256, 128, seed=14)
+    with pytest.raises(ValueError, match="multiple"):
+        random_weight(16, 192, 64, seed=15).to_frag()
+    with pytest.raises(ValueError, match="multiple"):
+        random_weight(16, 256, 64, seed=15).to_frag()
+    with pytest.raises(ValueError, match="same word order"):
+        Int4Weight.cat_n([w, w.to_frag()])
+    f = random_weight(16, 512, 128, seed=16).to_frag()
+    torch.testing.assert_close(
+        dequantize_int4(f.narrow_k(128, 256)), dequantize_int4(f)[:, 128:384], rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        dequantize_int4(Int4Weight.cat_n([f, f]).narrow_n(16, 16)), dequantize_int4(f)
+    )
+
+
+def test_frag_preferred_only_on_hopper():
+    w = random_weight(8200, 256, 128, seed=17)  # N > 8192, a multiple of 8
+    hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert frag_preferred(w) == hopper
+    assert not frag_preferred(random_weight(4096, 256, 128, seed=18))  # narrow
+
+
+@pytest.mark.gpu
+def test_int4_linear_converts_wide_weights_on_hopper():
+    """On sm_90, Int4Linear holds a wide part in fragment order and still computes the same
+    outputs (table kernels at M = 1, 16, 100 and 300 against the reference)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("fragment order is for sm_90+")
+    parts = [random_weight(8200, 512, 128, seed=19), random_weight(4096, 512, 128, seed=20)]
+    parts = [replace_dtype(p, torch.bfloat16) for p in parts]
+    ref = [p.to("cpu") for p in parts]
+    layer = Int4Linear(parts)
+    assert layer.parts[0].frag and layer.out_features == 12296  # fused, N > 8192
+    for m in (1, 16, 100, 300):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        want = torch.cat([int4_gemm_ref(x.cpu().float(), r) for r in ref], dim=-1)
+        assert_close(layer(x).float().cpu(), want, torch.bfloat16, f"M={m}")
+    back = layer.to("cpu")
+    x = torch.randn(3, 512)
+    want = torch.cat([int4_gemm_ref(x, r) for r in ref], dim=-1)
+    assert_close(back(x), want, torch.float32, "moved to CPU")
+
+
+def replace_dtype(w: Int4Weight, dtype: torch.dtype) -> Int4Weight:
+    return Int4Weight(w.qweight, w.scales.to(dtype), w.offsets.to(dtype), w.group_size)
