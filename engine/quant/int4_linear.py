@@ -36,6 +36,9 @@ class Int4Linear(nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.group_size = parts[0].group_size
         self._num_parts = len(parts)
+        # word order of each part's buffer: wide weights on Hopper are put in fragment order
+        # once, when they reach the GPU (``_rebuild``)
+        self._frag = [p.frag for p in parts]
         for i, part in enumerate(parts):
             self.register_buffer(f"qweight_{i}", part.qweight)
             self.register_buffer(f"scales_{i}", part.scales)
@@ -52,16 +55,24 @@ class Int4Linear(nn.Module):
         self._rebuild()
 
     def _rebuild(self) -> None:
-        self.parts = [
-            Int4Weight(
+        """Rebuild the ``Int4Weight`` views of the buffers; a part that ``frag_preferred``
+        picks (wide, on an sm_90 GPU) has its words put in fragment order here, in place of
+        the canonical ones, so its buffer holds the kernel's layout from then on."""
+        self.parts = []
+        for i in range(self._num_parts):
+            part = Int4Weight(
                 getattr(self, f"qweight_{i}"),
                 getattr(self, f"scales_{i}"),
                 getattr(self, f"offsets_{i}"),
                 self.group_size,
                 getattr(self, f"in_perm_{i}"),
+                self._frag[i],
             )
-            for i in range(self._num_parts)
-        ]
+            if not part.frag and int4_kernels.frag_preferred(part):
+                part = part.to_frag()
+                setattr(self, f"qweight_{i}", part.qweight)
+                self._frag[i] = True
+            self.parts.append(part)
 
     def _apply(self, fn, recurse=True):  # keep the cached Int4Weight views in step with .to()
         out = super()._apply(fn, recurse)
@@ -79,5 +90,6 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"group_size={self.group_size}, parts={self._num_parts}"
+            f"group_size={self.group_size}, parts={self._num_parts}, "
+            f"fragment_order={self._frag}"
         )
