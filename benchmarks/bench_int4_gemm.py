@@ -23,7 +23,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.int4_gemm import Int4GemmConfig, Int4Weight, int4_gemm, int4_gemm_ref  # noqa: E402
+from kernels.int4_gemm import (  # noqa: E402
+    Int4GemmConfig,
+    Int4Weight,
+    frag_preferred,
+    int4_gemm,
+    int4_gemm_ref,
+)
 
 SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N)
 ROWS = [1, 16, 64, 256, 1024]
@@ -36,6 +42,13 @@ def random_int4(n: int, k: int, device: str = "cuda") -> Int4Weight:
     scales = torch.rand(k // GROUP, n, device=device, dtype=torch.bfloat16) * 0.01 + 0.001
     offsets = -8 * scales
     return Int4Weight(qweight, scales, offsets, GROUP)
+
+
+def engine_int4(n: int, k: int) -> Int4Weight:
+    """A random weight in the word order the engine holds it in (``Int4Linear``: fragment
+    order for wide weights on Hopper, ``frag_preferred``)."""
+    weight = random_int4(n, k)
+    return weight.to_frag() if frag_preferred(weight) else weight
 
 
 def graph_time_us(fn, num_copies: int, num_replays: int = 10) -> float:
@@ -66,7 +79,7 @@ def graph_time_us(fn, num_copies: int, num_replays: int = 10) -> float:
 class Peers:
     """Copies of one (K, N) weight in the three forms compared."""
 
-    def __init__(self, k: int, n: int, with_torch: bool = True):
+    def __init__(self, k: int, n: int, with_torch: bool = True, engine_order: bool = True):
         self.k, self.n = k, n
         self.num_bf16 = max(2, ROTATE_BYTES // (k * n * 2))
         self.num_int4 = max(2, ROTATE_BYTES // (k * n // 2))
@@ -74,7 +87,8 @@ class Peers:
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
             for _ in range(self.num_bf16)
         ]
-        self.int4 = [random_int4(n, k) for _ in range(self.num_int4)]
+        make = engine_int4 if engine_order else random_int4  # sweeps: canonical words
+        self.int4 = [make(n, k) for _ in range(self.num_int4)]
         self.torch_int4 = None
         try:
             if not with_torch:
@@ -283,9 +297,9 @@ def model_memory_and_decode() -> None:
     shapes = [(hidden, 6144), (hidden, hidden), (hidden, 2 * inter), (inter, hidden)]
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    layers = [[random_int4(n, k) for k, n in shapes] for _ in range(num_layers)]
+    layers = [[engine_int4(n, k) for k, n in shapes] for _ in range(num_layers)]
     embed = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16)  # noqa: F841 (held)
-    lm_head = random_int4(vocab, hidden)
+    lm_head = engine_int4(vocab, hidden)
     int4_bytes = torch.cuda.memory_allocated() - base
     print(
         f"\nINT4 (g{GROUP}) Llama-3-8B-shaped weights: {int4_bytes / 1e9:.2f} GB "
@@ -340,7 +354,7 @@ def main() -> None:
         precompile(row_values, args.workers)
     rows = []
     for k, n in SHAPES:
-        peers = Peers(k, n, with_torch=not args.sweep)
+        peers = Peers(k, n, with_torch=not args.sweep, engine_order=not args.sweep)
         if not args.sweep:
             mb = peers.int4[0].num_bytes / 1e6
             t_read = peers.time_read_floor()

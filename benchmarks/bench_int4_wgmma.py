@@ -63,23 +63,41 @@ def swap_tiles(m: int, k: int, n: int) -> list[tuple]:
     return tiles
 
 
-def time_shape(k: int, n: int, row_values: list[int], swap: bool = False) -> list[tuple]:
-    """bf16, the table and every tile config of a Gluon kernel at each M for one weight."""
-    peers = Peers(k, n, with_torch=False)
+def time_shape(
+    k: int, n: int, row_values: list[int], swap: bool = False, frag: bool = False
+) -> list[tuple]:
+    """bf16, the table and every tile config of a Gluon kernel at each M for one weight
+    (``frag``: the swapped kernel on canonical and on fragment-ordered words, a last element
+    1 for the latter)."""
+    peers = Peers(k, n, with_torch=False, engine_order=False)
+    if frag:
+        peers.frag = [w.to_frag() for w in peers.int4]
     rows = []
     for m in row_values:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         t_bf16 = peers.time_bf16(x)
         t_table = peers.time_ours(x, None)
         ref = int4_gemm_ref(x, peers.int4[0]).float()
-        best = (float("inf"), None)
+        best = {False: (float("inf"), None), True: (float("inf"), None)}  # by fragment order
         kernel = int4_wgmma_swap if swap else int4_wgmma
         candidates = TILES
-        if swap:  # each tiling plain and warp-specialized
+        if swap and frag:  # each tiling on canonical and fragment-ordered words
+            specialized = (False, True) if m > 64 else (False,)
+            candidates = [
+                (*t, ws, fr)
+                for t in swap_tiles(m, k, n)
+                if t[2] == 128  # the fragment order is per 128-column tile
+                for ws in specialized
+                for fr in (0, 1)
+            ]
+        elif swap:  # each tiling plain and warp-specialized
             candidates = [(*t, ws) for t in swap_tiles(m, k, n) for ws in (False, True)]
         for tiles in candidates:
 
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
+                if swap and frag:
+                    weights = peers.frag if tiles[-1] else peers.int4
+                    return kernel(x, weights[i], *tiles[:-2], specialized=tiles[-2])
                 return kernel(x, peers.int4[i], *tiles)
 
             try:
@@ -91,9 +109,12 @@ def time_shape(k: int, n: int, row_values: list[int], swap: bool = False) -> lis
                 continue
             flag = "" if err < 1e-2 else "  WRONG"
             print(f"  K={k} N={n} M={m} {tiles}: {t:.1f} us, rel. err {err:.1e}{flag}", flush=True)
-            if err < 1e-2 and t < best[0]:
-                best = (t, tiles)
-        rows.append((k, n, m, t_bf16, t_table, *best))
+            kind = bool(tiles[-1]) if swap and frag else False
+            if err < 1e-2 and t < best[kind][0]:
+                best[kind] = (t, tiles)
+        rows.append((k, n, m, t_bf16, t_table, *best[False]))
+        if swap and frag:
+            rows.append((k, n, m, t_bf16, t_table, *best[True]))
     return rows
 
 
@@ -101,6 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=None, help="M values (256,1024; with --swap 1,16,64,256)")
     parser.add_argument("--swap", action="store_true", help="the swapped small-M kernel")
+    parser.add_argument(
+        "--frag", action="store_true", help="with --swap: also on fragment-ordered words"
+    )
     parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
     args = parser.parse_args()
     row_values = [
@@ -114,7 +138,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     rows = []
     for k, n in shapes:
-        rows += time_shape(k, n, row_values, args.swap)
+        rows += time_shape(k, n, row_values, args.swap, args.frag)
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")
     print("|---|---|---|---|---|---|---|---|")

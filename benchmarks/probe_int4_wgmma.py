@@ -91,7 +91,7 @@ def main() -> None:
         print("|---|---|---|---|" + "---|" * len(mods))
         for shape in args.shapes.split(","):
             k, n = (int(v) for v in shape.split("x"))
-            peers = Peers(k, n, with_torch=False)
+            peers = Peers(k, n, with_torch=False, engine_order=False)
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 t_bf16 = peers.time_bf16(x)
