@@ -82,7 +82,7 @@ def time_shape(
         kernel = int4_wgmma_swap if swap else int4_wgmma
         candidates = TILES
         if swap and frag:  # each tiling on canonical and fragment-ordered words
-            specialized = (False, True) if m > 64 else (False,)
+            specialized = (False, True)
             candidates = [
                 (*t, ws, fr)
                 for t in swap_tiles(m, k, n)

@@ -685,17 +685,18 @@ def int4_gemm(
 
 def frag_preferred(weight: Int4Weight) -> bool:
     """Whether ``weight`` should be held in fragment order (``Int4Weight.to_frag``): a wide
-    weight (N > 8192, the width where the swapped wgmma kernel leads at every M <= 256) with
-    groups of 128 or more on an sm_90+ GPU whose Triton has Gluon, scale rows TMA can address
-    (N a multiple of 8). Such a weight then runs on that kernel up to M = 256 and on
-    dequantize + cuBLAS above (BENCHMARKS.md, "INT4 GEMM")."""
+    weight (N > 8192) or one with a long K (K >= 8192: down_proj), where the swapped wgmma
+    kernel on such words leads or ties at every M it runs (``_frag_config``), with groups of
+    128 or more on an sm_90+ GPU whose Triton has Gluon, scale rows TMA can address (N a
+    multiple of 8). Narrower weights keep the gemv and Triton kernels, which win there at
+    M = 1 and 64 (BENCHMARKS.md, "INT4 GEMM")."""
     n, k, g = weight.out_features, weight.in_features, weight.group_size
     q = weight.qweight
     return (
         int4_wgmma is not None
         and q.device.type == "cuda"
         and torch.cuda.get_device_capability(q.device)[0] >= 9
-        and n > 8192
+        and (n > 8192 or k >= 8192)
         and n % 8 == 0
         and k % FRAG_TILE_K == 0
         and (g % FRAG_TILE_K == 0 or g == k)

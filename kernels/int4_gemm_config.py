@@ -110,21 +110,25 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
-    wgmma kernel and the dequantizer read: from the H200 sweep of 2026-11-30 (fourth session,
+    wgmma kernel and the dequantizer read: from the H200 sweeps of 2026-11-30 (fourth session,
     ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"), K tiles of 128, wgmma's
-    N the smallest power of two >= M; warp-specialized above M = 64; dequantize + cuBLAS above
-    M = 256. Narrow weights (N <= 8192, not put in this order by ``frag_preferred``) split K."""
-    if m > 256:
+    N the smallest power of two >= M. Wide weights: 128 rows, split-free, warp-specialized
+    above M = 64, dequantize + cuBLAS above M = 256. Narrower ones (long K: down_proj): 64
+    rows, split-K to fill the GPU, dequantize + cuBLAS above M = 128."""
+    if m > 256 or (n <= 8192 and m > 128):
         return Int4GemmConfig("dequant")
     rows = max(8, 1 << (m - 1).bit_length())
+    if n <= 8192:
+        if m > 64:
+            split = _pow2_split(4, k, 128, 8)
+            return Int4GemmConfig("wgmma", 128, 64, 128, split, 4, 4, swap=True, specialized=True)
+        split = _pow2_split(8 if rows <= 16 and k >= 8192 else 4, k, 128, 8)
+        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True)
     if m > 64:
         warps, stages = (4, 4) if rows == 128 else (8, 2)
         return Int4GemmConfig(
             "wgmma", rows, 128, 128, 1, warps, stages, swap=True, specialized=True
         )
-    if n <= 8192:
-        split = _pow2_split(8 if k >= 8192 else 4, k, 128, 8)
-        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True)
     return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if rows >= 64 else 4, 4, swap=True)
 
 

@@ -82,7 +82,8 @@ def test_int4_gemm_routes_fragment_order():
     for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
         for n in (4096, 28672):
             cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
-            assert cfg.strategy == "dequant" if m > 256 else cfg.swap, (m, n, cfg)
+            swapped_up_to = 256 if n > 8192 else 128  # then dequantize + cuBLAS
+            assert cfg.strategy == "dequant" if m > swapped_up_to else cfg.swap, (m, n, cfg)
             assert cfg.strategy == "dequant" or cfg.block_k == 128 and cfg.block_m >= m
     with pytest.raises(ValueError, match="fragment-ordered"):
         int4_gemm(torch.randn(2, 256, device=DEVICE), w, config=Int4GemmConfig("gemv"))
@@ -109,7 +110,8 @@ def test_frag_preferred_only_on_hopper():
     w = random_weight(8200, 256, 128, seed=17)  # N > 8192, a multiple of 8
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
     assert frag_preferred(w) == hopper
-    assert not frag_preferred(random_weight(4096, 256, 128, seed=18))  # narrow
+    assert not frag_preferred(random_weight(4096, 256, 128, seed=18))  # narrow, short K
+    assert frag_preferred(random_weight(64, 8192, 128, seed=18)) == hopper  # long K
 
 
 @pytest.mark.gpu

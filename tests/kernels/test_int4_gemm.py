@@ -264,15 +264,16 @@ def test_asm_dequant_fp16(swap, tma):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 16, 48, 100, 200, 300])
-def test_fragment_order_table_graph_replay_bf16(m):
+@pytest.mark.parametrize("n, k", [(16440, 512), (1032, 8192)])  # wide; long K (down_proj)
+def test_fragment_order_table_graph_replay_bf16(m, n, k):
     """A wide weight in fragment order through the table (swapped wgmma kernel up to M = 256,
     dequantize + cuBLAS above), captured in a CUDA graph and replayed on new inputs."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
-    canon = random_weight(16440, 512, 128, seed=m)
+    canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     weight = canon.to_frag()
-    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     int4_gemm(x, weight)  # compile, allocate
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
