@@ -179,7 +179,14 @@ def test_cuda_graph_replay_bf16(m, n):
     workspace included), replayed on fresh inputs."""
     weight = random_weight(n, 1024, 128, seed=m)
     x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-    int4_gemm(x, weight)  # compile and size the workspace outside the capture
+    assert_graph_replays(x, weight, weight, f"graph M={m}")
+
+
+def assert_graph_replays(x: torch.Tensor, weight: Int4Weight, ref: Int4Weight, what: str):
+    """int4_gemm(x, weight) with the table's config, captured in a CUDA graph (after a call
+    outside it that compiles and sizes the workspace) and replayed on fresh x, against the
+    reference on ``ref`` (the same weight, possibly in the other word order)."""
+    int4_gemm(x, weight)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -191,7 +198,7 @@ def test_cuda_graph_replay_bf16(m, n):
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         graph.replay()
-        assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"graph M={m}")
+        assert_close(out, int4_gemm_ref(x, ref), torch.bfloat16, what)
 
 
 # Every strategy at a model-like shape in bf16 (the interpreter has no bf16): odd N, several
@@ -266,19 +273,11 @@ def test_asm_dequant_fp16(swap, tma):
 @pytest.mark.parametrize("m", [1, 5, 16, 48, 100, 200, 300])
 @pytest.mark.parametrize("n, k", [(16440, 512), (1032, 8192)])  # wide; long K (down_proj)
 def test_fragment_order_table_graph_replay_bf16(m, n, k):
-    """A wide weight in fragment order through the table (swapped wgmma kernel up to M = 256,
-    dequantize + cuBLAS above), captured in a CUDA graph and replayed on new inputs."""
+    """A wide and a long-K weight in fragment order through their table (the swapped wgmma
+    kernel up to M = 256 or 128, dequantize + cuBLAS above) in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
-    weight = canon.to_frag()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    int4_gemm(x, weight)  # compile, allocate
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = int4_gemm(x, weight)
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert_close(out, int4_gemm_ref(x, canon), torch.bfloat16, f"frag table M={m}")
+    assert_graph_replays(x, canon.to_frag(), canon, f"frag table M={m} N={n} K={k}")
