@@ -64,11 +64,16 @@ def swap_tiles(m: int, k: int, n: int) -> list[tuple]:
 
 
 def time_shape(
-    k: int, n: int, row_values: list[int], swap: bool = False, frag: bool = False
+    k: int,
+    n: int,
+    row_values: list[int],
+    swap: bool = False,
+    frag: bool = False,
+    only_tiles: list[tuple] | None = None,
 ) -> list[tuple]:
     """bf16, the table and every tile config of a Gluon kernel at each M for one weight
     (``frag``: the swapped kernel on canonical and on fragment-ordered words, a last element
-    1 for the latter)."""
+    1 for the latter; ``only_tiles``: these swapped tilings instead of ``swap_tiles``)."""
     peers = Peers(k, n, with_torch=False, engine_order=False)
     if frag:
         peers.frag = [w.to_frag() for w in peers.int4]
@@ -85,13 +90,15 @@ def time_shape(
             specialized = (False, True)
             candidates = [
                 (*t, ws, fr)
-                for t in swap_tiles(m, k, n)
+                for t in only_tiles or swap_tiles(m, k, n)
                 if t[2] == 128  # the fragment order is per 128-column tile
                 for ws in specialized
                 for fr in (0, 1)
             ]
         elif swap:  # each tiling plain and warp-specialized
-            candidates = [(*t, ws) for t in swap_tiles(m, k, n) for ws in (False, True)]
+            candidates = [
+                (*t, ws) for t in only_tiles or swap_tiles(m, k, n) for ws in (False, True)
+            ]
         for tiles in candidates:
 
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
@@ -126,6 +133,12 @@ def main() -> None:
         "--frag", action="store_true", help="with --swap: also on fragment-ordered words"
     )
     parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
+    parser.add_argument(
+        "--tiles",
+        default=None,
+        help="with --swap: only these tilings, e.g. 256x128x128x1x3x8 "
+        "(block_m x block_n x block_k x split_k x stages x warps), comma-separated",
+    )
     args = parser.parse_args()
     row_values = [
         int(r) for r in (args.rows or ("1,16,64,256" if args.swap else "256,1024")).split(",")
@@ -138,7 +151,12 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     rows = []
     for k, n in shapes:
-        rows += time_shape(k, n, row_values, args.swap, args.frag)
+        tiles = (
+            [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
+            if args.tiles
+            else None
+        )
+        rows += time_shape(k, n, row_values, args.swap, args.frag, tiles)
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")
     print("|---|---|---|---|---|---|---|---|")
