@@ -11,11 +11,11 @@ Canonical form (``Int4Weight``), chosen for wide contiguous loads along K:
 - ``in_perm`` int64 ``[K]`` or None: act-order checkpoints are permuted once at load so groups
   are contiguous, and the activations are gathered ``x[:, in_perm]`` before the product.
 
-On Hopper, wide weights are held with their words in fragment order instead (``frag``, put
-there once at load by ``Int4Linear`` where ``frag_preferred``): the same codes permuted
-within each 128-column tile so that the swapped wgmma kernel's lanes each read their own
-bytes (``int4_weight.frag_order``); only that kernel (M <= 256) and the dequantizers read
-them.
+On Hopper, wide (N > 8192) and long-K (K >= 8192) weights are held with their words in
+fragment order instead (``frag``, put there once at load by ``Int4Linear`` where
+``frag_preferred``): the same codes permuted within each 128-column tile so that the swapped
+wgmma kernel's lanes each read their own bytes (``int4_weight.frag_order``); only that
+kernel (M <= 256) and the dequantizers read them.
 
 Concatenating weights along N (fused ``qkv_proj``, ``gate_up_proj``) is a ``cat`` of every
 tensor along its N dimension (``Int4Weight.cat_n``); slicing on group boundaries along N or K
@@ -53,7 +53,13 @@ from kernels.int4_tiles import (
     _unpack,
     _x_planes,
 )
-from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_unorder, tma_tiles_ok
+from kernels.int4_weight import (
+    FRAG_TILE_K,
+    Int4Weight,
+    frag_unorder,
+    tma_tiles_ok,
+    unpack_words,
+)
 from kernels.pdl import has_pdl
 from kernels.split_k import split_k_output
 
@@ -930,8 +936,7 @@ def dequantize_int4(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> t
     """
     n, k, g = weight.out_features, weight.in_features, weight.group_size
     qweight = frag_unorder(weight.qweight) if weight.frag else weight.qweight
-    shifts = torch.arange(0, 32, 4, device=weight.qweight.device, dtype=torch.int32)
-    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, k).float()
+    codes = unpack_words(qweight).reshape(n, k).float()
     scales = weight.scales.float().t().repeat_interleave(g, dim=1)
     offsets = weight.offsets.float().t().repeat_interleave(g, dim=1)
     w = codes * scales + offsets

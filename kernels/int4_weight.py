@@ -188,6 +188,19 @@ def _frag_source_k(device: torch.device | str = "cpu") -> torch.Tensor:
     return 32 * b + 16 * c + 8 * e + 2 * t + h
 
 
+def unpack_words(qweight: torch.Tensor) -> torch.Tensor:
+    """int32 words [N, W] -> their codes int32 [N, W, 8] (code j in bits 4j .. 4j + 3)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
+    return (qweight.unsqueeze(-1) >> shifts) & 0xF
+
+
+def pack_words(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, W, 8] (0..15) -> int32 words [N, W] (inverse of ``unpack_words``; int32 wraps
+    for the top nibble as intended)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=codes.device)
+    return (codes.to(torch.int32) << shifts).sum(dim=-1, dtype=torch.int32)
+
+
 def frag_order(qweight: torch.Tensor) -> torch.Tensor:
     """Canonical words int32 [N, K // 8] -> the same codes in fragment order (K a multiple of
     128): within each 128-column tile of a row, word 4t + b holds the 8 codes the lane t of a
@@ -196,18 +209,15 @@ def frag_order(qweight: torch.Tensor) -> torch.Tensor:
     n, words = qweight.shape
     if words % 16:
         raise ValueError(f"fragment order needs K a multiple of 128, got K={words * 8}")
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
-    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, words // 16, 128)
+    codes = unpack_words(qweight).reshape(n, words // 16, 128)
     src = _frag_source_k(qweight.device).reshape(-1)
-    codes = codes[:, :, src].reshape(n, words, 8)
-    return (codes << shifts).sum(dim=-1, dtype=torch.int32)
+    return pack_words(codes[:, :, src].reshape(n, words, 8))
 
 
 def frag_unorder(qweight: torch.Tensor) -> torch.Tensor:
     """Inverse of ``frag_order``: fragment-ordered words -> canonical words."""
     n, words = qweight.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
-    codes = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, words // 16, 128)
+    codes = unpack_words(qweight).reshape(n, words // 16, 128)
     out = torch.empty_like(codes)
     out[:, :, _frag_source_k(qweight.device).reshape(-1)] = codes
-    return (out.reshape(n, words, 8) << shifts).sum(dim=-1, dtype=torch.int32)
+    return pack_words(out.reshape(n, words, 8))

@@ -5,8 +5,9 @@ wgmma's register operand and reads x from its TMA buffer (see its comments and
 ``_decode_fragment``), with split-K. The swapped kernel also reads words in fragment order
 (``Int4Weight.frag``, ``int4_weight.frag_order``; ``_decode_frag``): each lane then loads
 only its own 16 bytes of a row per K tile (canonical words: 64, shared by four lanes) and
-decodes each register with one LOP3, SUB and FMA and a shared SHR, about 20% fewer
-instructions per tile and 121 registers instead of 168 (offline sm_90 compile).
+decodes each register with one LOP3, SUB and FMA, plus one SHR for all but the first of a
+word: about 20% fewer instructions per tile and 121 registers instead of 168 (offline sm_90
+compile, ``benchmarks/sass_int4_swap.py``).
 
 ``y = x @ dequant(W)^T`` for 16-bit x on sm_90+. Per K step of an output tile:
 - TMA brings x's tile and the packed weight words into a ring of ``NUM_STAGES`` buffers;

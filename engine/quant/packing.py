@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels.int4_gemm import Int4Weight
+from kernels.int4_weight import pack_words, unpack_words
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -15,16 +16,12 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.int32).reshape(n, k // 8, 8)
     if c.numel() and (int(c.min()) < 0 or int(c.max()) > 15):
         raise ValueError("4-bit codes must lie in 0..15")
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=codes.device)
-    # Sum of disjoint bit fields == bitwise or; int32 wraps for the top nibble as intended.
-    return (c << shifts).sum(dim=-1, dtype=torch.int32)
+    return pack_words(c)
 
 
 def unpack_codes(qweight: torch.Tensor) -> torch.Tensor:
     """int32 [N, K // 8] -> codes int32 [N, K] (inverse of ``pack_codes``)."""
-    n = qweight.shape[0]
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
-    return ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(n, -1)
+    return unpack_words(qweight).reshape(qweight.shape[0], -1)
 
 
 def make_int4_weight(
