@@ -143,3 +143,71 @@ def test_swap_fragment_order_matches_reference(group_size, dtype, tiles):
         assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag specialized {tiles}")
     with pytest.raises(ValueError, match="block_k=128"):
         int4_wgmma_swap(x, frag, 16, 64, 64)
+
+
+# The late scale (codes MAGIC + q in the wgmma, scale and offset on each tile's sums): x-sums
+# from 16 * warps rows of ones repeated 1, 2 or 4 times over the weight rows.
+LATE_TILES = [(8, 128, 128, 1, 4, 4), (16, 64, 128, 3, 4, 4), (32, 128, 128, 2, 6, 4),
+              (16, 128, 128, 1, 4, 8), (16, 256, 128, 1, 4, 8), (8, 256, 128, 1, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("group_size", [128, 256, 1024])  # 1024 = K: per channel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tiles", LATE_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_swap_late_scale_matches_reference(group_size, dtype, tiles):
+    """``late=True``: each K tile multiplies the codes alone and the scale and offset are
+    applied to its sums in fp32, with the x-sums from a wgmma of ones; against the reference
+    on the canonical weight, masked N, splits of 3. x is offset by a large mean so that the
+    offset's x-sum term dominates (a cancellation the fp32 sums must survive)."""
+    weight = random_weight(1000 + 40, 1024, group_size, seed=group_size + 7)
+    frag = weight.to_frag()
+    for m in (1, 5, 16, 37):
+        x = (torch.randn(m, 1024, device="cuda") + 4.0).to(dtype)
+        out = int4_wgmma_swap(x, frag, *tiles, late=True)
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"late {tiles} M={m} g={group_size}")
+    out = int4_wgmma_swap(x, frag, *tiles, specialized=True, late=True)
+    assert_close(out, int4_gemm_ref(x, weight), dtype, f"late specialized {tiles}")
+    with pytest.raises(ValueError, match="fragment-ordered"):
+        int4_wgmma_swap(x, weight, *tiles, late=True)
+
+
+# Stream-K: (block_m, block_n, block_k, stages, warps) and programs per multiprocessor. With
+# N = 4136 and K = 1024 (8 K tiles a tile) the runs of 1-4 units start and end inside tiles.
+STREAM_TILES = [(8, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 6, 4),
+                (64, 128, 128, 4, 8)]  # fmt: skip
+
+
+@pytest.mark.parametrize("per_sm", [1, 2])
+@pytest.mark.parametrize("frag", [True, False], ids=["frag", "canonical"])
+@pytest.mark.parametrize("tiles", STREAM_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_swap_stream_k_matches_reference(per_sm, frag, tiles):
+    """``stream=P``: the (tile, K tile) units dealt out in equal runs to P programs per
+    multiprocessor, runs that end inside a tile meeting in the workspace (the last to add
+    writes the tile out); against the reference, masked N and M, bf16 and fp16, groups of 128
+    and per channel; then replays of a CUDA graph captured without a workspace (MODE 1)."""
+    block_m, block_n, block_k, stages, warps = tiles
+    for group_size, dtype in ((128, torch.bfloat16), (1024, torch.float16)):
+        weight = random_weight(4096 + 40, 1024, group_size, seed=group_size + per_sm)
+        words = weight.to_frag() if frag else weight
+        for m in (1, 5, 16, 37):
+            x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+            out = int4_wgmma_swap(x, words, block_m, block_n, block_k, 1, stages, warps,
+                                  stream=per_sm)  # fmt: skip
+            what = f"stream {tiles} x{per_sm} M={m} g={group_size} frag={frag}"
+            assert_close(out, int4_gemm_ref(x, weight), dtype, what)
+    saved = dict(split_k._WORKSPACES)
+    split_k._WORKSPACES.clear()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = int4_wgmma_swap(x, words, block_m, block_n, block_k, 1, stages, warps,
+                                  stream=per_sm)  # fmt: skip
+        assert not split_k._WORKSPACES, "the capture must not allocate a workspace"
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert_close(out, int4_gemm_ref(x, weight), dtype, f"graph, MODE 1, {tiles}")
+    finally:
+        split_k._WORKSPACES.update(saved)
+    with pytest.raises(ValueError, match="stream-K"):
+        int4_wgmma_swap(x, words, block_m, block_n, block_k, 2, stages, warps, stream=per_sm)
