@@ -70,12 +70,10 @@ def time_shape(
     swap: bool = False,
     frag: bool = False,
     only_tiles: list[tuple] | None = None,
-    late: bool = False,
 ) -> list[tuple]:
     """bf16, the table and every tile config of a Gluon kernel at each M for one weight
     (``frag``: the swapped kernel on canonical and on fragment-ordered words, a last element
-    1 for the latter; ``late``: fragment order with (2) and without (1) the late scale instead;
-    ``only_tiles``: these swapped tilings instead of ``swap_tiles``)."""
+    1 for the latter; ``only_tiles``: these swapped tilings instead of ``swap_tiles``)."""
     peers = Peers(k, n, with_torch=False, engine_order=False)
     if frag:
         peers.frag = [w.to_frag() for w in peers.int4]
@@ -85,17 +83,17 @@ def time_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = peers.time_ours(x, None)
         ref = int4_gemm_ref(x, peers.int4[0]).float()
-        best = {kind: (float("inf"), None) for kind in (0, 1, 2)}  # by word order, late scale
+        best = {False: (float("inf"), None), True: (float("inf"), None)}  # by fragment order
         kernel = int4_wgmma_swap if swap else int4_wgmma
         candidates = TILES
         if swap and frag:  # each tiling on canonical and fragment-ordered words
-            specialized = (False,) if late else (False, True)  # late: small M, plain
+            specialized = (False, True)
             candidates = [
                 (*t, ws, fr)
                 for t in only_tiles or swap_tiles(m, k, n)
                 if t[2] == 128  # the fragment order is per 128-column tile
                 for ws in specialized
-                for fr in ((1, 2) if late else (0, 1))
+                for fr in (0, 1)
             ]
         elif swap:  # each tiling plain and warp-specialized
             candidates = [
@@ -106,9 +104,7 @@ def time_shape(
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
                 if swap and frag:
                     weights = peers.frag if tiles[-1] else peers.int4
-                    return kernel(
-                        x, weights[i], *tiles[:-2], specialized=tiles[-2], late=tiles[-1] == 2
-                    )
+                    return kernel(x, weights[i], *tiles[:-2], specialized=tiles[-2])
                 return kernel(x, peers.int4[i], *tiles)
 
             try:
@@ -120,11 +116,12 @@ def time_shape(
                 continue
             flag = "" if err < 1e-2 else "  WRONG"
             print(f"  K={k} N={n} M={m} {tiles}: {t:.1f} us, rel. err {err:.1e}{flag}", flush=True)
-            kind = tiles[-1] if swap and frag else 0
+            kind = bool(tiles[-1]) if swap and frag else False
             if err < 1e-2 and t < best[kind][0]:
                 best[kind] = (t, tiles)
-        for kind in ((1, 2) if late else (0, 1)) if swap and frag else (0,):
-            rows.append((k, n, m, t_bf16, t_table, *best[kind]))
+        rows.append((k, n, m, t_bf16, t_table, *best[False]))
+        if swap and frag:
+            rows.append((k, n, m, t_bf16, t_table, *best[True]))
     return rows
 
 
@@ -134,9 +131,6 @@ def main() -> None:
     parser.add_argument("--swap", action="store_true", help="the swapped small-M kernel")
     parser.add_argument(
         "--frag", action="store_true", help="with --swap: also on fragment-ordered words"
-    )
-    parser.add_argument(
-        "--late", action="store_true", help="with --frag: fragment order with and without late=True"
     )
     parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
     parser.add_argument(
@@ -162,7 +156,7 @@ def main() -> None:
             if args.tiles
             else None
         )
-        rows += time_shape(k, n, row_values, args.swap, args.frag, tiles, args.late)
+        rows += time_shape(k, n, row_values, args.swap, args.frag, tiles)
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")
     print("|---|---|---|---|---|---|---|---|")

@@ -34,7 +34,7 @@ from kernels import int4_wgmma as W  # noqa: E402
 BLOCK_N, BLOCK_K, WARPS, STAGES = 128, 128, 4, 4
 
 
-def compile_swap(rows: int, frag: bool, late: bool = False, what: str = "cubin"):
+def compile_swap(rows: int, frag: bool) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
     dtype = torch.bfloat16
@@ -62,8 +62,6 @@ def compile_swap(rows: int, frag: bool, late: bool = False, what: str = "cubin")
         "NUM_STAGES": STAGES,
         "SPECIALIZED": False,
         "FRAG": frag,
-        "LATE": late,
-        "TILED": False,
         "num_warps": WARPS,
     }
     kernel = W._int4_wgmma_swap_kernel
@@ -76,18 +74,17 @@ def compile_swap(rows: int, frag: bool, late: bool = False, what: str = "cubin")
             signature[name] = mangle_type(args[name])
     source = GluonASTSource(kernel, signature, values, {})
     target = GPUTarget("cuda", 90, 32)
-    return triton.compile(source, target=target, options={"num_warps": WARPS}).asm[what]
+    return triton.compile(source, target=target, options={"num_warps": WARPS}).asm["cubin"]
 
 
 def main() -> None:
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
-        for frag, late in ((False, False), (True, False), (True, True)):
-            cubin = compile_swap(rows, frag, late)
+        for frag in (False, True):
+            cubin = compile_swap(rows, frag)
             ops = main_loop(cubin)
             regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
             top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
             order = "fragment order" if frag else "canonical"
-            order += ", late scale" if late else ""
             print(f"rows {rows}, {order}: {len(ops)} instructions per K tile, {regs} registers"
                   f" ({top})")  # fmt: skip
 

@@ -51,10 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from kernels.device import num_sms
 from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import FRAG_TILE_K, Int4Weight, tma_tiles_ok
-from kernels.split_k import split_k_output, workspace
+from kernels.split_k import split_k_output
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -269,62 +268,6 @@ def _decode_frag(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
         pack=2,
     )
     # [rows, tile, t, b, h, e, c] -> K order (tile, b, c, e, t, h)
-    return _frag_to_a(p0, p1, p2, p3, a_layout)
-
-
-# The codes alone, for the late scale (``LATE``): register j of a word (nibbles j and j + 4,
-# as ``_DEQUANT_PTX_*``) becomes MAGIC + q in each half (128 + q in bf16, 1024 + q in fp16,
-# exact) with one SHR (j > 0) and one LOP3; the scale and offset are applied to the wgmma's
-# sums of the tile instead (``_swap_mainloop``).
-_CODES_PTX_TEMPLATE = (
-    "{\n.reg .b32 t, m;\nmov.b32 m, MAGIC;\n"
-    + "".join(
-        (f"shr.u32 t, $4, {4 * j};\n" if j else "")
-        + f"lop3.b32 ${j}, {'t' if j else '$4'}, 0x000F000F, m, 0xEA;\n"
-        for j in range(4)
-    )
-    + "}"
-)
-_CODES_PTX_BF16 = gl.constexpr(_CODES_PTX_TEMPLATE.replace("MAGIC", "0x43004300"))
-_CODES_PTX_F16 = gl.constexpr(_CODES_PTX_TEMPLATE.replace("MAGIC", "0x64006400"))
-
-
-@gluon.jit
-def _frag_codes(q, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
-    """Fragment-ordered words q [R, 16 T] (as ``_decode_frag``) -> MAGIC + q [R, 128 T] in
-    the wgmma A layout (MAGIC = 128 for bf16, 1024 for fp16): the codes only, two
-    instructions per register."""
-    R: gl.constexpr = q.shape[0]
-    T: gl.constexpr = q.shape[1] // 16
-    q4 = gl.reshape(q, [R, T, 4, 4])  # [rows, tile, t, b]
-    if IS_BF16:
-        p0, p1, p2, p3 = gl.inline_asm_elementwise(
-            asm=_CODES_PTX_BF16,
-            constraints="=r,=r,=r,=r,r,r",
-            args=[gl.join(q4, q4)],
-            dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
-            is_pure=True,
-            pack=2,
-        )
-    else:
-        p0, p1, p2, p3 = gl.inline_asm_elementwise(
-            asm=_CODES_PTX_F16,
-            constraints="=r,=r,=r,=r,r,r",
-            args=[gl.join(q4, q4)],
-            dtype=(gl.float16, gl.float16, gl.float16, gl.float16),
-            is_pure=True,
-            pack=2,
-        )
-    return _frag_to_a(p0, p1, p2, p3, a_layout)
-
-
-@gluon.jit
-def _frag_to_a(p0, p1, p2, p3, a_layout: gl.constexpr):
-    """The four decoded registers of each fragment-ordered word ([rows, tile, t, b, h] each,
-    register j = 2c + e holding nibbles j and j + 4 as h) -> [rows, 128 tiles] in K order
-    (tile, b, c, e, t, h), in the wgmma A layout (registers renamed only)."""
-    R: gl.constexpr = p0.shape[0]
-    T: gl.constexpr = p0.shape[1]
     w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
     w = gl.reshape(w, [R, 128 * T])
@@ -341,46 +284,30 @@ def _load_row(buf, layout: gl.constexpr, row_layout: gl.constexpr):
 @gluon.jit
 def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
                  q_layout: gl.constexpr, s_layout: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 IS_BF16: gl.constexpr, FRAG: gl.constexpr, LATE: gl.constexpr):  # fmt: skip
+                 IS_BF16: gl.constexpr, FRAG: gl.constexpr):  # fmt: skip
     """Wait for ring slot kt % NUM_STAGES to hold K tile kt, then decode its weights into the
-    wgmma A fragment (``_decode_fragment``, or ``_decode_frag`` for fragment-ordered words).
-    -> (A, scale, offset). With ``LATE`` the words come back undecoded (``_frag_codes``
-    turns them into the codes, two instructions a register, just before their wgmma: a
-    decoded operand carried across iterations was split into 16-bit halves and packed again
-    by ptxas) and the tile's scale and offset rows in fp32, in the accumulator's row layout,
-    the offset less MAGIC * scale; else the scale and offset the decode used."""
+    wgmma A fragment (``_decode_fragment``, or ``_decode_frag`` for fragment-ordered words)."""
     dtype: gl.constexpr = gl.bfloat16 if IS_BF16 else gl.float16
     slot = kt % NUM_STAGES
     mbarrier.wait(bars.index(slot), (kt // NUM_STAGES) & 1)
     row_layout: gl.constexpr = gl.SliceLayout(1, q_layout)
     q = q_bufs.index(slot).load(q_layout)
-    if LATE:
-        acc_rows: gl.constexpr = gl.SliceLayout(1, a_layout.parent)
-        s = gl.convert_layout(_load_row(s_bufs.index(slot), s_layout, row_layout), acc_rows)
-        o = gl.convert_layout(_load_row(o_bufs.index(slot), s_layout, row_layout), acc_rows)
-        s = s.to(gl.float32)
-        magic: gl.constexpr = 128.0 if IS_BF16 else 1024.0
-        o = o.to(gl.float32) - magic * s
-        a = q
+    s = _load_row(s_bufs.index(slot), s_layout, row_layout).to(dtype)
+    o = _load_row(o_bufs.index(slot), s_layout, row_layout).to(dtype)
+    if FRAG:
+        a = _decode_frag(q, s, o, a_layout, IS_BF16)
     else:
-        s = _load_row(s_bufs.index(slot), s_layout, row_layout).to(dtype)
-        o = _load_row(o_bufs.index(slot), s_layout, row_layout).to(dtype)
-        if FRAG:
-            a = _decode_frag(q, s, o, a_layout, IS_BF16)
-        else:
-            a = _decode_fragment(q, sel, s, o, a_layout, IS_BF16)
-    return a, s, o
+        a = _decode_fragment(q, sel, s, o, a_layout, IS_BF16)
+    return a
 
 
 @gluon.jit
 def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars, kt,
                      num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                     GROUP_TILES: gl.constexpr, TILED: gl.constexpr = False):  # fmt: skip
+                     GROUP_TILES: gl.constexpr):  # fmt: skip
     """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
     slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
-    proxy fence before every refill). ``TILED``: the words are stored tile after tile
-    ([N / BLOCK_N, K tiles, BLOCK_N, BLOCK_K / 8] as rows of BLOCK_K / 8 words), each
-    tile one contiguous run."""
+    proxy fence before every refill)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     slot = kt % NUM_STAGES
     pred = kt < num_k
@@ -395,13 +322,7 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
     k = (k_tile0 + kt) * BLOCK_K
     row = 0 if GROUP_TILES == 0 else (k_tile0 + kt) // GROUP_TILES
     tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
-    if TILED:
-        BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-        tiles_k = gl.cdiv(x_desc.shape[1], BLOCK_K)
-        q_row = ((off_n // BLOCK_N) * tiles_k + k_tile0 + kt) * BLOCK_N
-        tma.async_copy_global_to_shared(qw_desc, [q_row, 0], bar, q_bufs.index(slot), pred)
-    else:
-        tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
+    tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
     tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
     tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
 
@@ -439,38 +360,15 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m,
 
 
 @gluon.jit
-def _rows_again(xs, like):
-    """x-sums xs [16 * warps, BLOCK_M] (every row the same) as ``like`` [BLOCK_N, BLOCK_M] in
-    the same accumulator layout: the rows that another register of a thread holds take the
-    same values (registers renamed only)."""
-    R: gl.constexpr = xs.shape[0]
-    C: gl.constexpr = xs.shape[1]
-    out = xs
-    if like.shape[0] >= 2 * R:
-        out = gl.reshape(gl.permute(gl.join(out, out), (2, 0, 1)), [2 * R, C])
-    if like.shape[0] == 4 * R:
-        out = gl.reshape(gl.permute(gl.join(out, out), (2, 0, 1)), [4 * R, C])
-    return gl.convert_layout(out, like.type.layout, assert_trivial=True)
-
-
-@gluon.jit
-def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ones,
-                   ready, empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
+def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                   empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, LATE: gl.constexpr,
-                   num_warps: gl.constexpr, TILED: gl.constexpr = False):  # fmt: skip
+                   SPECIALIZED: gl.constexpr, FRAG: gl.constexpr,
+                   num_warps: gl.constexpr):  # fmt: skip
     """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
     1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
     it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
-    empty barrier.
-
-    ``LATE`` (fragment order only): each K tile's wgmma multiplies the codes MAGIC + q alone,
-    from a zero accumulator, and a second one the [16 * warps, BLOCK_K] tile of ones in
-    shared memory ``ones`` by x, which gives every accumulator column the sum of its row of x
-    over the tile. The tile then adds scale * sums + (offset - MAGIC * scale) * x-sums to acc
-    in fp32: two FMAs per accumulator element and tile instead of a SUB and an FMA per pair
-    of weights (fewer instructions while BLOCK_M is small: 304 against 386 per K tile at
-    BLOCK_M = 8, 320 against 386 at 16, more at 64; ``benchmarks/sass_int4_swap.py``)."""
+    empty barrier."""
     dtype: gl.constexpr = x_desc.dtype
     IS_BF16: gl.constexpr = dtype == gl.bfloat16
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -487,30 +385,18 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-    part = acc
-    xs = gl.zeros([16 * num_warps, BLOCK_M], gl.float32, layout=mma_layout)
-    a, s, o = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
-                           NUM_STAGES, IS_BF16, FRAG, LATE)  # fmt: skip
+    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
+                     NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
     for kt in range(num_k):
-        x_tile = x_bufs.index(kt % NUM_STAGES).permute((1, 0))
-        if LATE:
-            codes = _frag_codes(a, a_layout, IS_BF16)
-            part = warpgroup_mma(codes, x_tile, part, use_acc=False, is_async=True)
-            xs = warpgroup_mma(ones, x_tile, xs, use_acc=False, is_async=True)
-        else:
-            acc = warpgroup_mma(a, x_tile, acc, is_async=True)
+        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
         # the next tile (the last one again at the end: its slot is never refilled) is decoded
-        # (LATE: its words loaded) while the tensor cores multiply this one
-        a_next, s_next, o_next = _decode_step(q_bufs, s_bufs, o_bufs, ready,
-                                              gl.minimum(kt + 1, num_k - 1), sel, a_layout,
-                                              q_layout, S_LAYOUT, NUM_STAGES, IS_BF16, FRAG,
-                                              LATE)  # fmt: skip
-        # The wgmma reads its operand from registers asynchronously: that very value stays
-        # live until this wait, so the decode above cannot reuse its registers.
-        if LATE:
-            part, xs, codes = warpgroup_mma_wait(num_outstanding=0, deps=(part, xs, codes))
-        else:
-            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+        # while the tensor cores multiply this one
+        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
+                              FRAG)  # fmt: skip
+        # The wgmma reads ``a`` from registers asynchronously: ``a`` (the very value it was
+        # given) stays live until this wait, so the decode above cannot reuse its registers.
+        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
         # every warp is past its wait and has read its words of tile kt (decoded one step
         # earlier) before the slot is refilled with tile kt + NUM_STAGES
         gl.thread_barrier()
@@ -519,11 +405,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         else:
             _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                              ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                             GROUP_TILES, TILED)  # fmt: skip
-        if LATE:
-            acc = acc + gl.expand_dims(s, 1) * part + gl.expand_dims(o, 1) * _rows_again(xs, acc)
-            s = s_next
-            o = o_next
+                             GROUP_TILES)  # fmt: skip
         a = a_next
     return (acc,)
 
@@ -531,15 +413,14 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 @gluon.jit
 def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                    empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                   GROUP_TILES: gl.constexpr, TILED: gl.constexpr = False):  # fmt: skip
+                   GROUP_TILES: gl.constexpr):  # fmt: skip
     """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
     consumers released it (an empty barrier's previous phase counts as done at the start)."""
     for kt in range(num_k):
         slot = kt % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
         _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                         kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
-                         TILED)  # fmt: skip
+                         kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
 
 
 @gluon.jit
@@ -564,8 +445,6 @@ def _int4_wgmma_swap_kernel(
     NUM_STAGES: gl.constexpr,
     SPECIALIZED: gl.constexpr,  # a producer warp issues the TMA refills
     FRAG: gl.constexpr,  # words in fragment order (``frag_order``); L3 is then their layout
-    LATE: gl.constexpr,  # FRAG only: scale and offset applied to each tile's sums
-    TILED: gl.constexpr,  # words stored tile after tile (``_load_swap_stage``)
     num_warps: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -591,15 +470,6 @@ def _int4_wgmma_swap_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-    if LATE:  # the A operand of the x-sums (any swizzle holds ones); written once
-        ONES: gl.constexpr = 16 * num_warps  # one row of wgmma per warp
-        ones = gl.allocate_shared_memory(dtype, [ONES, BLOCK_K], x_desc.layout)
-        ones_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        ones.store(gl.full([ONES, BLOCK_K], 1.0, dtype, layout=ones_layout))
-        fence_async_shared()
-        gl.thread_barrier()
-    else:
-        ones = x_bufs
 
     k_tile0 = pid_k * (k_per_split // BLOCK_K)
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
@@ -610,12 +480,12 @@ def _int4_wgmma_swap_kernel(
         (acc,) = gl.warp_specialize(
             [
                 (_swap_mainloop,
-                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ones, ready,
-                  empty, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
-                  SPECIALIZED, FRAG, LATE, num_warps, TILED)),
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
+                  SPECIALIZED, FRAG, num_warps)),
                 (_swap_producer,
                  (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES, TILED)),
+                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
             ],
             [1],
             [40],
@@ -625,181 +495,17 @@ def _int4_wgmma_swap_kernel(
     else:
         for i in gl.static_range(NUM_STAGES):
             _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
-                             TILED)  # fmt: skip
+                             ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
         # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
         (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                ones, ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
-                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, LATE, num_warps,
-                                TILED)  # fmt: skip
+                                ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
+                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG,
+                                num_warps)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
-
-
-@gluon.jit
-def _stream_next(kt, n, m, num_k, num_pid_n):
-    """The unit after K tile kt of output tile (row tile m, column tile n): K tiles first,
-    then column tiles, then row tiles (counted on, without branches: the loop divides
-    nothing and keeps one basic block)."""
-    kt += 1
-    wrap = (kt == num_k).to(gl.int32)
-    kt -= wrap * num_k
-    n += wrap
-    wrap = (n == num_pid_n).to(gl.int32)
-    n -= wrap * num_pid_n
-    m += wrap
-    return kt, n, m
-
-
-@gluon.jit
-def _stream_epilogue(acc, out_ptr, part_ptr, flag_ptr, pid, start_k, count, tile, tile_end,
-                     total, num_programs, num_pid_n, M, N, stride_out_m,
-                     MODE: gl.constexpr):  # fmt: skip
-    """The sums acc [BLOCK_N, BLOCK_M] of K tiles start_k .. start_k + count of output tile
-    ``tile`` (units up to ``tile_end``), as stream-K's fix-up: a run that began inside the
-    tile (start_k > 0; a program's first tile only) stores its partial tile in its slot of
-    the workspace and raises its flag; the program that began the tile (start_k = 0) adds
-    the partials of the programs after it whose runs begin inside the tile (waiting for each
-    flag, which it lowers again) and writes the tile out. Plain stores and loads: adding
-    into a shared fp32 buffer with atomics cost up to 40% at M = 16 on the H200. MODE 1
-    (inside a capture that would grow the workspace): added atomically into the zeroed fp32
-    output."""
-    mma_layout: gl.constexpr = acc.type.layout
-    BLOCK_N: gl.constexpr = acc.shape[0]
-    BLOCK_M: gl.constexpr = acc.shape[1]
-    dtype: gl.constexpr = out_ptr.dtype.element_ty
-    off_n = (tile % num_pid_n) * BLOCK_N
-    off_m = (tile // num_pid_n) * BLOCK_M
-    rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
-    cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
-    offs_on = off_n + rows
-    offs_m = off_m + cols
-    mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
-    out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
-    slot = rows[:, None] * BLOCK_M + cols[None, :]
-    if MODE == 1:
-        gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    elif start_k > 0:
-        gl.store(part_ptr + pid * (BLOCK_N * BLOCK_M) + slot, acc)
-        gl.thread_barrier()
-        gl.atomic_xchg(flag_ptr + pid, 1, sem="release")
-    else:
-        q = pid + 1
-        while q < num_programs and (q * total) // num_programs < tile_end:
-            while gl.atomic_add(flag_ptr + q, 0, sem="acquire") == 0:
-                pass
-            acc += gl.load(part_ptr + q * (BLOCK_N * BLOCK_M) + slot, cache_modifier=".cg")
-            gl.atomic_xchg(flag_ptr + q, 0, sem="relaxed")
-            q += 1
-        gl.store(out_ptrs, acc.to(dtype), mask=mask)
-
-
-@gluon.jit
-def _int4_wgmma_stream_kernel(
-    x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
-    qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
-    s_desc,  # scales [K // group, N], block [1, BLOCK_N]
-    o_desc,  # offsets, as the scales
-    out_ptr,
-    ws_ptr,
-    lock_ptr,
-    M,
-    N,
-    K,
-    stride_out_m,
-    L3: gl.constexpr,  # as _int4_wgmma_swap_kernel
-    S_LAYOUT: gl.constexpr,
-    GROUP_TILES: gl.constexpr,
-    MODE: gl.constexpr,  # 1 or 2, as _stream_epilogue
-    NUM_STAGES: gl.constexpr,
-    FRAG: gl.constexpr,
-    num_warps: gl.constexpr,
-):
-    """The swapped kernel as stream-K: the (output tile, K tile) units of the whole product,
-    output tile major, are dealt out in equal contiguous runs to a grid sized to the GPU
-    (``int4_wgmma_swap(..., stream=P)``: P programs per multiprocessor), so every
-    multiprocessor gets the same work however the tiles divide; a run crosses into the next
-    output tile without draining its ring (the loads address units, not tiles), and the
-    tiles split between programs meet in ``_stream_epilogue``."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-    dtype: gl.constexpr = x_desc.dtype
-    IS_BF16: gl.constexpr = dtype == gl.bfloat16
-
-    pid = gl.program_id(0)
-    num_programs = gl.num_programs(0)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_k = gl.cdiv(K, BLOCK_K)
-    total = gl.cdiv(M, BLOCK_M) * num_pid_n * num_k
-    start = (pid * total) // num_programs
-    num_units = ((pid + 1) * total) // num_programs - start
-
-    x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    q_bufs = gl.allocate_shared_memory(
-        gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8], qw_desc.layout
-    )
-    s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
-    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-    # the next unit to load: K tile lk of output tile (lm, ln)
-    t0 = start // num_k
-    lk = start - t0 * num_k
-    ln = t0 % num_pid_n
-    lm = t0 // num_pid_n
-    for i in gl.static_range(NUM_STAGES):
-        _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                         i, num_units, lk - i, lm * BLOCK_M, ln * BLOCK_N, NUM_STAGES,
-                         GROUP_TILES)  # fmt: skip
-        lk, ln, lm = _stream_next(lk, ln, lm, num_k, num_pid_n)
-
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
-    )
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-    if FRAG:
-        q_layout: gl.constexpr = L3
-        sel = 0
-    else:
-        q_layout: gl.constexpr = gl.SliceLayout(2, L3)
-        t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
-    a, s, o = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
-                           NUM_STAGES, IS_BF16, FRAG, False)  # fmt: skip
-    # the run's output tiles one after another (the first and last perhaps in part), each
-    # an inner loop without branches, so ptxas keeps the decoded operand in place
-    g = 0
-    k0 = start - t0 * num_k
-    for tile in range(t0, (start + num_units - 1) // num_k + 1):
-        count = gl.minimum(num_k - k0, num_units - g)
-        for j in range(count):
-            acc = warpgroup_mma(a, x_bufs.index((g + j) % NUM_STAGES).permute((1, 0)), acc,
-                                is_async=True)  # fmt: skip
-            # the next unit (of this tile or the next) is decoded while the tensor cores work
-            a_next, s, o = _decode_step(q_bufs, s_bufs, o_bufs, ready,
-                                        gl.minimum(g + j + 1, num_units - 1), sel, a_layout,
-                                        q_layout, S_LAYOUT, NUM_STAGES, IS_BF16, FRAG,
-                                        False)  # fmt: skip
-            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-            gl.thread_barrier()  # every warp has read unit g + j's words (a step ago) and x
-            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, g + j + NUM_STAGES, num_units, lk - g - j - NUM_STAGES,
-                             lm * BLOCK_M, ln * BLOCK_N, NUM_STAGES, GROUP_TILES)  # fmt: skip
-            lk, ln, lm = _stream_next(lk, ln, lm, num_k, num_pid_n)
-            a = a_next
-        _stream_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, k0, count, tile,
-                         (tile + 1) * num_k, total, num_programs, num_pid_n, M, N, stride_out_m,
-                         MODE)  # fmt: skip
-        acc = gl.zeros_like(acc)
-        g += count
-        k0 = 0
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(ready.index(i))
 
 
 @functools.cache
@@ -930,9 +636,6 @@ def int4_wgmma_swap(
     num_stages: int = 4,
     num_warps: int = 4,
     specialized: bool = False,
-    late: bool = False,
-    stream: int = 0,
-    tiled_words: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -943,24 +646,18 @@ def int4_wgmma_swap(
     frag = weight.frag
     if frag and block_k != FRAG_TILE_K:
         raise ValueError(f"fragment-ordered words need block_k={FRAG_TILE_K}, got {block_k}")
-    if late and not frag:
-        raise ValueError("late=True (scale after the wgmma) needs fragment-ordered words")
-    if stream:
-        if specialized or late or split_k != 1:
-            raise ValueError("stream-K (stream > 0) takes no split_k, specialized or late")
-        return _int4_wgmma_stream(x, weight, block_m, block_n, block_k, num_stages, num_warps,
-                                  stream)  # fmt: skip
+    x_layout, q_layout, _ = _shared_layouts(x.dtype, block_m, block_n, block_k)
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
-    descs = _descriptors(x, weight, block_m, block_n, block_k)
-    if tiled_words is not None:
-        _, q_layout, _ = _shared_layouts(x.dtype, block_m, block_n, block_k)
-        descs = (descs[0], TensorDescriptor.from_tensor(tiled_words, [block_n, block_k // 8],
-                                                        q_layout), *descs[2:])  # fmt: skip
     _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
-        *descs,
+        TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
+        TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
+        TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),
+        TensorDescriptor.from_tensor(
+            weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
+        ),
         out,
         ws,
         locks,
@@ -979,59 +676,6 @@ def int4_wgmma_swap(
         NUM_STAGES=num_stages,
         SPECIALIZED=specialized,
         FRAG=frag,
-        LATE=late,
-        TILED=tiled_words is not None,
-        num_warps=num_warps,
-    )
-    return out.to(x.dtype) if mode == 1 else out
-
-
-def _descriptors(x: torch.Tensor, weight: Int4Weight, block_m: int, block_n: int, block_k: int):
-    """TMA descriptors of x, the words, the scales and the offsets for the swapped kernels."""
-    x_layout, q_layout, _ = _shared_layouts(x.dtype, block_m, block_n, block_k)
-    return (
-        TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
-        TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
-        TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),
-        TensorDescriptor.from_tensor(
-            weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
-        ),
-    )
-
-
-def _int4_wgmma_stream(x, weight, block_m, block_n, block_k, num_stages, num_warps, per_sm,
-                       grid=None):  # fmt: skip
-    """``int4_wgmma_swap(..., stream=per_sm)``: the stream-K grid, per_sm programs per
-    multiprocessor (at most one per work unit); ``grid``: that many programs instead."""
-    m, k = x.shape
-    n, g = weight.out_features, weight.group_size
-    num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    units = num_tiles * triton.cdiv(k, block_k)
-    grid = min(units, grid or per_sm * num_sms(x.device))
-    found = workspace(x.device, grid * block_m * block_n, grid, kind="stream")
-    if found is None:  # MODE 1
-        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-        mode, ws, locks = 1, out, out
-    else:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        mode, (ws, locks) = 2, found
-    _int4_wgmma_stream_kernel[(grid,)](
-        *_descriptors(x, weight, block_m, block_n, block_k),
-        out,
-        ws,
-        locks,
-        m,
-        n,
-        k,
-        out.stride(0),
-        L3=(_frag_words_layout if weight.frag else _fragment_words_layout)(
-            block_n, block_k // 8, num_warps
-        ),
-        S_LAYOUT=_fragment_words_layout(block_n, 1, num_warps, row=True),
-        GROUP_TILES=0 if g == k else g // block_k,
-        MODE=mode,
-        NUM_STAGES=num_stages,
-        FRAG=weight.frag,
         num_warps=num_warps,
     )
     return out.to(x.dtype) if mode == 1 else out

@@ -10,27 +10,24 @@ from __future__ import annotations
 
 import torch
 
-_WORKSPACES: dict[torch.device | tuple[torch.device, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def workspace(device: torch.device, num_floats: int, num_locks: int, kind: str = "split"):
-    """The self-cleaning workspace of a device (floats and locks, zeros between calls), or
-    None when it would have to grow inside a CUDA graph capture (the caller then uses MODE 1).
-    ``kind`` "split": split-K's sums; "stream": stream-K's partial tiles and their flags (the
-    floats are overwritten before they are read, only the flags return to zero)."""
-    key = device if kind == "split" else (device, kind)
-    ws, locks = _WORKSPACES.get(key, (None, None))
+def workspace(device: torch.device, num_floats: int, num_locks: int):
+    """The self-cleaning split-K workspace of a device (zeros between calls), or None when it
+    would have to grow inside a CUDA graph capture (the caller then uses MODE 1)."""
+    ws, locks = _WORKSPACES.get(device, (None, None))
     if ws is not None and ws.numel() >= num_floats and locks.numel() >= num_locks:
         return ws, locks
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     size = max(num_floats, 0 if ws is None else ws.numel(), 1 << 16)
     lock_size = max(num_locks, 0 if locks is None else locks.numel(), 1 << 12)
-    _WORKSPACES[key] = (
+    _WORKSPACES[device] = (
         torch.zeros(size, dtype=torch.float32, device=device),
         torch.zeros(lock_size, dtype=torch.int32, device=device),
     )
-    return _WORKSPACES[key]
+    return _WORKSPACES[device]
 
 
 def split_k_output(x: torch.Tensor, m: int, n: int, num_splits: int, num_tiles: int):
