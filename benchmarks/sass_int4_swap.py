@@ -62,6 +62,7 @@ def compile_swap(rows: int, frag: bool) -> bytes:
         "NUM_STAGES": STAGES,
         "SPECIALIZED": False,
         "FRAG": frag,
+        "PARTS": 0,
         "num_warps": WARPS,
     }
     kernel = W._int4_wgmma_swap_kernel

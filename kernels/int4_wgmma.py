@@ -363,12 +363,14 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m,
 def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                    empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
-                   SPECIALIZED: gl.constexpr, FRAG: gl.constexpr,
-                   num_warps: gl.constexpr):  # fmt: skip
+                   SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, num_warps: gl.constexpr,
+                   PARTS: gl.constexpr = 0):  # fmt: skip
     """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
     1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
     it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
-    empty barrier."""
+    empty barrier. ``PARTS`` (not SPECIALIZED; for ``benchmarks/bench_int4_parts.py``): 1
+    runs the TMA ring and each tile's wgmma on an operand of ones instead of the decoded
+    weight (acc = the sums of x's rows), 2 the ring alone (acc = 0)."""
     dtype: gl.constexpr = x_desc.dtype
     IS_BF16: gl.constexpr = dtype == gl.bfloat16
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -385,6 +387,19 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         sel = t | ((t + 4) << 8) if IS_BF16 else t | (t << 8)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+    if PARTS != 0:  # measurement only (``PARTS``): no decode
+        ones = gl.full([BLOCK_N, x_desc.block_type.shape[1]], 1.0, dtype, layout=a_layout)
+        for kt in range(num_k):
+            mbarrier.wait(ready.index(kt % NUM_STAGES), (kt // NUM_STAGES) & 1)
+            if PARTS == 1:
+                x_tile = x_bufs.index(kt % NUM_STAGES).permute((1, 0))
+                acc = warpgroup_mma(ones, x_tile, acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
+        return (acc,)
     a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
                      NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
     for kt in range(num_k):
@@ -446,6 +461,7 @@ def _int4_wgmma_swap_kernel(
     SPECIALIZED: gl.constexpr,  # a producer warp issues the TMA refills
     FRAG: gl.constexpr,  # words in fragment order (``frag_order``); L3 is then their layout
     num_warps: gl.constexpr,
+    PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -500,8 +516,8 @@ def _int4_wgmma_swap_kernel(
         # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
         (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                                 ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
-                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG,
-                                num_warps)  # fmt: skip
+                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps,
+                                PARTS)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
@@ -636,11 +652,18 @@ def int4_wgmma_swap(
     num_stages: int = 4,
     num_warps: int = 4,
     specialized: bool = False,
+    parts: int = 0,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
     ``split_k`` programs along K); [M, N] in x's dtype. Canonical or fragment-ordered words
-    (``weight.frag``; then ``block_k`` must be 128). Check ``wgmma_swap_ok`` first."""
+    (``weight.frag``; then ``block_k`` must be 128). Check ``wgmma_swap_ok`` first.
+
+    ``parts`` measures where the time goes (``benchmarks/bench_int4_parts.py``): 1 streams
+    the same tiles through the ring and multiplies x by ones (every output column the sum of
+    x's row), 2 only streams them (zeros); not with ``specialized``."""
+    if parts not in (0, 1, 2) or (parts and specialized):
+        raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
     frag = weight.frag
@@ -677,5 +700,6 @@ def int4_wgmma_swap(
         SPECIALIZED=specialized,
         FRAG=frag,
         num_warps=num_warps,
+        PARTS=parts,
     )
     return out.to(x.dtype) if mode == 1 else out

@@ -143,3 +143,21 @@ def test_swap_fragment_order_matches_reference(group_size, dtype, tiles):
         assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag specialized {tiles}")
     with pytest.raises(ValueError, match="block_k=128"):
         int4_wgmma_swap(x, frag, 16, 64, 64)
+
+
+@pytest.mark.parametrize("frag", [True, False], ids=["frag", "canonical"])
+def test_swap_parts_for_measurement(frag):
+    """``parts`` (bench_int4_parts.py): 1 multiplies x by ones instead of the weight (every
+    output column the sum of x's row, over all splits), 2 streams the tiles only (zeros);
+    both refused with the warp-specialized form."""
+    weight = random_weight(512 + 40, 1024, 128, seed=3)
+    words = weight.to_frag() if frag else weight
+    x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
+    sums = x.float().sum(1, keepdim=True).expand(5, 552)
+    for split in (1, 3):
+        out = int4_wgmma_swap(x, words, 8, 64, 128, split, 4, 4, parts=1)
+        assert_close(out, sums.to(torch.bfloat16), torch.bfloat16, f"parts=1 split {split}")
+        out = int4_wgmma_swap(x, words, 8, 64, 128, split, 4, 4, parts=2)
+        assert out.abs().max().item() == 0.0, f"parts=2 split {split}: not zeros"
+    with pytest.raises(ValueError, match="parts"):
+        int4_wgmma_swap(x, words, 8, 64, 128, 1, 4, 4, specialized=True, parts=1)
