@@ -70,10 +70,14 @@ def time_shape(
     swap: bool = False,
     frag: bool = False,
     only_tiles: list[tuple] | None = None,
+    plain: bool = False,
+    slots: bool = True,
 ) -> list[tuple]:
     """bf16, the table and every tile config of a Gluon kernel at each M for one weight
     (``frag``: the swapped kernel on canonical and on fragment-ordered words, a last element
-    1 for the latter; ``only_tiles``: these swapped tilings instead of ``swap_tiles``)."""
+    1 for the latter; ``only_tiles``: these swapped tilings instead of ``swap_tiles``; ``plain``:
+    the swapped kernel without warp specialization only; ``slots`` False: split-K reduced
+    with fp32 atomics, the reduction before the seventh session)."""
     peers = Peers(k, n, with_torch=False, engine_order=False)
     if frag:
         peers.frag = [w.to_frag() for w in peers.int4]
@@ -87,7 +91,7 @@ def time_shape(
         kernel = int4_wgmma_swap if swap else int4_wgmma
         candidates = TILES
         if swap and frag:  # each tiling on canonical and fragment-ordered words
-            specialized = (False, True)
+            specialized = (False,) if plain else (False, True)
             candidates = [
                 (*t, ws, fr)
                 for t in only_tiles or swap_tiles(m, k, n)
@@ -97,14 +101,18 @@ def time_shape(
             ]
         elif swap:  # each tiling plain and warp-specialized
             candidates = [
-                (*t, ws) for t in only_tiles or swap_tiles(m, k, n) for ws in (False, True)
+                (*t, ws)
+                for t in only_tiles or swap_tiles(m, k, n)
+                for ws in ((False,) if plain else (False, True))
             ]
         for tiles in candidates:
 
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
                 if swap and frag:
                     weights = peers.frag if tiles[-1] else peers.int4
-                    return kernel(x, weights[i], *tiles[:-2], specialized=tiles[-2])
+                    return kernel(x, weights[i], *tiles[:-2], specialized=tiles[-2], slots=slots)
+                if swap:
+                    return kernel(x, peers.int4[i], *tiles, slots=slots)
                 return kernel(x, peers.int4[i], *tiles)
 
             try:
@@ -139,6 +147,14 @@ def main() -> None:
         help="with --swap: only these tilings, e.g. 256x128x128x1x3x8 "
         "(block_m x block_n x block_k x split_k x stages x warps), comma-separated",
     )
+    parser.add_argument(
+        "--plain", action="store_true", help="with --swap: skip the warp-specialized form"
+    )
+    parser.add_argument(
+        "--atomics",
+        action="store_true",
+        help="with --swap: reduce split-K with fp32 atomics instead of slots (the old way)",
+    )
     args = parser.parse_args()
     row_values = [
         int(r) for r in (args.rows or ("1,16,64,256" if args.swap else "256,1024")).split(",")
@@ -156,7 +172,9 @@ def main() -> None:
             if args.tiles
             else None
         )
-        rows += time_shape(k, n, row_values, args.swap, args.frag, tiles)
+        rows += time_shape(
+            k, n, row_values, args.swap, args.frag, tiles, args.plain, not args.atomics
+        )
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")
     print("|---|---|---|---|---|---|---|---|")

@@ -203,6 +203,8 @@ def _int4_gemv_kernel(
         m * tl.num_programs(0) + pid_n,
         num_splits,
         MODE,
+        pid_k,
+        tl.num_programs(2) * N,
     )
 
 
@@ -328,6 +330,8 @@ def _int4_gemm_kernel(
         pid,
         num_splits,
         MODE,
+        pid_k,
+        M * N,
     )
 
 
@@ -503,7 +507,7 @@ def _int4_mm_kernel(
         mask = m_mask[:, None] & n_mask[None, :]
         out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
         ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE)
+    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE, pid_k, M * N)
 
 
 @triton.jit
@@ -568,7 +572,7 @@ def _int4_mm_tma_kernel(
         mask = (offs_m < M)[:, None] & n_mask[None, :]
         out_ptrs = out_ptr + offs_m[:, None] * stride_out_m + offs_n[None, :]
         ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE)
+    _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE, pid_k, M * N)
 
 
 @triton.jit
@@ -807,7 +811,7 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=True)
     nibble = cfg.nibble and block_k >= 128  # tl.dot needs K >= 16 words
     x, x32 = _with_pairs(x)
     _int4_gemm_kernel[(num_tiles, num_splits)](
@@ -861,7 +865,7 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=True)
     if _tma_ok(x, weight, cfg, block_k):
         _int4_mm_tma_kernel[(num_tiles, num_splits)](
             TensorDescriptor.from_tensor(x, [cfg.block_m, block_k]),

@@ -108,22 +108,36 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     return split
 
 
+def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
+    """Weights with N <= 8192 (qkv, o_proj, down_proj) for 2 <= M <= 256 on the swapped wgmma
+    kernel: 64 weight rows, K tiles of 128, 4 warps, split-K reduced in slots. From the H200
+    sweep of 2026-11-30, seventh session (BENCHMARKS.md, "INT4 GEMM"): 4 splits up to M = 16;
+    above, the fewest that give >= 96 programs, doubled for long K (>= 8192) up to M = 64;
+    above M = 64, x tiles of 128 rows, warp-specialized."""
+    rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
+    tiles = -(-m // rows) * -(-n // 64)
+    target = 4
+    if m > 16:
+        target = 1
+        while tiles * target < 96:
+            target *= 2
+        if m <= 64 and k >= 8192:
+            target *= 2
+    split = _pow2_split(target, k, 128, 16)
+    return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64)
+
+
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
-    wgmma kernel and the dequantizer read: from the H200 sweeps of 2026-11-30 (fourth session,
-    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"), K tiles of 128, wgmma's
-    N the smallest power of two >= M. Wide weights: 128 rows, split-free, warp-specialized
-    above M = 64, dequantize + cuBLAS above M = 256. Narrower ones (long K: down_proj): 64
-    rows, split-K to fill the GPU, dequantize + cuBLAS above M = 128."""
-    if m > 256 or (n <= 8192 and m > 128):
+    wgmma kernel and the dequantizer read: K tiles of 128, wgmma's N the smallest power of two
+    >= M, dequantize + cuBLAS above M = 256. Wide weights (fourth session of 2026-11-30,
+    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"): 128 rows, split-free,
+    warp-specialized above M = 64. Narrower ones (long K: down_proj): ``_narrow_swap``."""
+    if m > 256:
         return Int4GemmConfig("dequant")
-    rows = max(8, 1 << (m - 1).bit_length())
     if n <= 8192:
-        if m > 64:
-            split = _pow2_split(4, k, 128, 8)
-            return Int4GemmConfig("wgmma", 128, 64, 128, split, 4, 4, swap=True, specialized=True)
-        split = _pow2_split(8 if rows <= 16 and k >= 8192 else 4, k, 128, 8)
-        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True)
+        return _narrow_swap(m, n, k)
+    rows = max(8, 1 << (m - 1).bit_length())
     if m > 64:
         warps, stages = (4, 4) if rows == 128 else (8, 2)
         return Int4GemmConfig(
@@ -149,9 +163,10 @@ def choose_config(
     the Gluon wgmma kernel at 256 x 128 x 64, 8 warps, 4 stages (else the unswapped kernel at
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
-    2026-11-30): the swapped Gluon kernel, K tiles of 128, on wide weights (N > 8192) up to
-    M = 256 (warp-specialized above M = 64) and on K >= 8192 up to M = 16. ``frag``: the
-    weight's words are in fragment order (``_frag_config``).
+    2026-11-30): the swapped Gluon kernel, K tiles of 128, up to M = 256: on wide weights (N >
+    8192) as that session chose (warp-specialized above M = 64), on narrower ones as
+    ``_narrow_swap`` (seventh session, once split-K partials were reduced in slots instead
+    of with atomics). ``frag``: the weight's words are in fragment order (``_frag_config``).
     """
     if frag:
         return _frag_config(m, n, k)
@@ -166,18 +181,16 @@ def choose_config(
         return Int4GemmConfig("gemv", 16, block_n, 256, _pow2_split(8, k, 256, 32), 1, 2, **fold)
     small = n <= 8192
     # The swapped Gluon kernel (weights decoded into wgmma's register operand) in K tiles of
-    # 128: wide weights up to M = 256, and long K (down_proj) up to M = 16. wgmma's N is the
-    # smallest power of two >= M (the TMA tile of x reads zeros past M).
-    if block_k == 128 and m <= 256 and (not small or (m <= 16 and k >= 8192)):
+    # 128 up to M = 256. wgmma's N is the smallest power of two >= M (the TMA tile of x reads
+    # zeros past M).
+    if block_k == 128 and m <= 256:
+        if small:
+            return _narrow_swap(m, n, k)
         rows = max(8, 1 << (m - 1).bit_length())
         if m > 128:  # warp-specialized: a producer warp issues the TMA refills
             return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
         if m > 64:  # 128 rows (256 would multiply half zeros: 2x slower at M = 128)
             return Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 4, swap=True, specialized=True)
-        if small:
-            return Int4GemmConfig(
-                "wgmma", rows, 64, 128, _pow2_split(8, k, 128, 8), 4, 4, swap=True
-            )
         return Int4GemmConfig("wgmma", rows, 128, 128, 1, 4, 4, swap=True)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}

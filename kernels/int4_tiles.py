@@ -307,14 +307,29 @@ def _nibble_mma(q, x_ptrs, x32_ptrs, offs_w, m_mask, k_end, part, x_sum, MAGIC, 
 
 
 @triton.jit
-def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE: tl.constexpr):
+def _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, tile_id, num_splits, MODE: tl.constexpr,
+              pid_k, slot_stride):  # fmt: skip
     # MODE 0: one split, store. MODE 1: fp32 atomics into a zeroed fp32 output (cast later).
     # MODE 2: atomics into a self-cleaning fp32 workspace; the last split of a tile (ticket
     # from the lock) reads the sum, writes the output and resets workspace and lock to 0.
+    # MODE 3: the split stores its partial in its own slot (pid_k) of the workspace, slots
+    # ``slot_stride`` floats apart; the last split of the tile adds the slots in split order
+    # and resets the lock (plain stores: scalar fp32 atomics were most of the time of the
+    # split-K kernels at M = 16-64, BENCHMARKS.md).
     if MODE == 0:
         tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
     elif MODE == 1:
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    elif MODE == 3:
+        tl.store(ws_ptrs + pid_k * slot_stride, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is in before the (releasing) ticket
+        ticket = tl.atomic_add(lock_ptr + tile_id, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = tl.zeros_like(acc)
+            for split in range(num_splits):  # L2 only: the other slots came from other SMs
+                total += tl.load(ws_ptrs + split * slot_stride, mask=mask, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr + tile_id, 0)
     else:
         tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
         tl.debug_barrier()  # every thread's partial is in before the (releasing) ticket

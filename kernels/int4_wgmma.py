@@ -328,10 +328,12 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
 
 
 @gluon.jit
-def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
+def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE: gl.constexpr):  # fmt: skip
     """Store acc [BLOCK_N, BLOCK_M] (transposed) into out, or reduce the splits of a tile as
-    int4_tiles._epilogue (MODE 0 store, 1 fp32 atomics, 2 workspace and ticket)."""
+    int4_tiles._epilogue (MODE 0 store, 1 fp32 atomics, 2 workspace and ticket), or (MODE 3)
+    store the split's partial in its own slot of the workspace ([split, M, N], plain stores),
+    after which the last split of the tile (a ticket) adds the slots in split order."""
     mma_layout: gl.constexpr = acc.type.layout
     BLOCK_N: gl.constexpr = acc.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[1]
@@ -344,6 +346,17 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m,
         gl.store(out_ptrs, acc.to(dtype), mask=mask)
     elif MODE == 1:
         gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+    elif MODE == 3:
+        slot_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
+        gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
+        gl.thread_barrier()  # every thread's partial is in before the (releasing) ticket
+        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = gl.zeros_like(acc)
+            for split in range(num_splits):  # L2 only: the other slots came from other SMs
+                total += gl.load(slot_ptrs + split * M * N, mask=mask, cache_modifier=".cg")
+            gl.store(out_ptrs, total.to(dtype), mask=mask)
+            gl.atomic_xchg(lock_ptr + pid, 0)
     else:
         # as int4_tiles._epilogue: the last split of a tile reads the sum, stores the output
         # and leaves workspace and lock at 0
@@ -520,7 +533,7 @@ def _int4_wgmma_swap_kernel(
                                 PARTS)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
-    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, num_splits, M, N, off_m, off_n,
+    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
 
 
@@ -653,6 +666,7 @@ def int4_wgmma_swap(
     num_warps: int = 4,
     specialized: bool = False,
     parts: int = 0,
+    slots: bool = True,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -661,7 +675,11 @@ def int4_wgmma_swap(
 
     ``parts`` measures where the time goes (``benchmarks/bench_int4_parts.py``): 1 streams
     the same tiles through the ring and multiplies x by ones (every output column the sum of
-    x's row), 2 only streams them (zeros); not with ``specialized``."""
+    x's row), 2 only streams them (zeros); not with ``specialized``. ``slots`` (split-K):
+    each split stores its partial tile in its own slot and the tile's last split adds them;
+    False adds them into the workspace with fp32 atomics instead, the reduction before
+    2026-11-30's seventh session, kept for the comparison in
+    ``benchmarks/bench_int4_wgmma.py --atomics`` (up to 2x slower at M = 16-64)."""
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
     m, k = x.shape
@@ -673,7 +691,7 @@ def int4_wgmma_swap(
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
         TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),

@@ -73,7 +73,8 @@ def test_dequantizers(group_size):
 
 def test_int4_gemm_routes_fragment_order():
     """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
-    gives such weights the swapped wgmma kernel (M <= 256) or dequantize only."""
+    gives such weights the swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on
+    narrow weights) or dequantize only."""
     w = random_weight(48, 256, 128, seed=13, perm=True).to_frag()
     for m in (1, 7, 300):
         x = torch.randn(m, 256, device=DEVICE)
@@ -82,9 +83,9 @@ def test_int4_gemm_routes_fragment_order():
     for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
         for n in (4096, 28672):
             cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
-            swapped_up_to = 256 if n > 8192 else 128  # then dequantize + cuBLAS
-            assert cfg.strategy == "dequant" if m > swapped_up_to else cfg.swap, (m, n, cfg)
-            assert cfg.strategy == "dequant" or cfg.block_k == 128 and cfg.block_m >= m
+            assert cfg.strategy == "dequant" if m > 256 else cfg.swap, (m, n, cfg)
+            rows = 128 if n <= 8192 and m > 64 else m
+            assert cfg.strategy == "dequant" or cfg.block_k == 128 and cfg.block_m >= rows
     with pytest.raises(ValueError, match="fragment-ordered"):
         int4_gemm(torch.randn(2, 256, device=DEVICE), w, config=Int4GemmConfig("gemv"))
 

@@ -152,6 +152,27 @@ def test_cat_and_narrow():
     assert_close(int4_gemm(x, fused), x @ dense.t(), torch.float32, "fused")
 
 
+def test_split_k_reductions_keep_their_workspaces_apart():
+    """The gemv's split-K adds into the self-cleaning workspace (MODE 2), the tiled kernels
+    store partials in slots of their own workspace (MODE 3) and leave values there: calls
+    of the two in turn, on fresh inputs, must each match the reference, and the self-cleaning
+    workspace must be all zeros again afterwards."""
+    from kernels import split_k
+
+    weight = random_weight(45, 384, 64, seed=21)
+    gemv = Int4GemmConfig("gemv", block_n=16, block_k=64, split_k=3)
+    tiled = Int4GemmConfig("tiled", block_m=16, block_n=16, block_k=64, split_k=3)
+    mm = Int4GemmConfig("mm", block_m=16, block_n=32, block_k=32, split_k=4)
+    for step, (m, config) in enumerate([(2, gemv), (19, tiled), (1, gemv), (5, mm), (3, gemv)]):
+        x = torch.randn(m, 384, device=DEVICE)
+        out = int4_gemm(x, weight, config=config)
+        assert_close(out, int4_gemm_ref(x, weight), torch.float32, f"step {step}: {config}")
+    atomic_ws, atomic_locks = split_k._WORKSPACES[torch.device(DEVICE), False]
+    assert not atomic_ws.any() and not atomic_locks.any(), "MODE 2 workspace left dirty"
+    slot_ws, slot_locks = split_k._WORKSPACES[torch.device(DEVICE), True]
+    assert slot_ws.any() and not slot_locks.any(), "MODE 3: partials stay, tickets reset"
+
+
 def test_bad_input_raises():
     w = random_weight(16, 64, 32, seed=3)
     with pytest.raises(ValueError, match="input features"):

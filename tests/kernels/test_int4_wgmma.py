@@ -79,7 +79,8 @@ def test_swap_matches_reference(group_size, dtype, tiles):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "tiles", [(16, 128, 128, 1, 4, 4), (16, 64, 64, 3, 3, 4), (64, 128, 128, 2, 4, 8),
-              (256, 128, 128, 1, 2, 8)], ids=lambda t: "x".join(map(str, t)),
+              (256, 128, 128, 1, 2, 8), (128, 64, 128, 2, 4, 4)],
+    ids=lambda t: "x".join(map(str, t)),
 )  # fmt: skip
 def test_swap_specialized_matches_reference(dtype, tiles):
     """The warp-specialized form: a producer warp refills the ring, the decoding warps hand
@@ -89,6 +90,22 @@ def test_swap_specialized_matches_reference(dtype, tiles):
         x = torch.randn(m, 1024, device="cuda", dtype=dtype)
         out = int4_wgmma_swap(x, weight, *tiles, specialized=True)
         assert_close(out, int4_gemm_ref(x, weight), dtype, f"specialized {tiles} M={m}")
+
+
+def test_swap_split_k_slots_are_deterministic():
+    """Split-K partials stored in slots and added by the tile's last split in split order
+    (MODE 3): repeated calls give bitwise the same output, within the reference tolerance;
+    the atomic reduction (``slots=False``) agrees with the reference too."""
+    weight = random_weight(1000 + 40, 2048, 128, seed=12)
+    for m, tiles in ((1, (8, 64, 128, 4, 4, 4)), (37, (64, 64, 128, 5, 4, 4))):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        ref = int4_gemm_ref(x, weight)
+        first = int4_wgmma_swap(x, weight, *tiles)
+        assert_close(first, ref, torch.bfloat16, f"slots {tiles} M={m}")
+        for _ in range(3):
+            assert torch.equal(int4_wgmma_swap(x, weight, *tiles), first), f"{tiles} M={m}"
+        atomics = int4_wgmma_swap(x, weight, *tiles, slots=False)
+        assert_close(atomics, ref, torch.bfloat16, f"atomics {tiles} M={m}")
 
 
 def test_swap_group_32_and_graph_capture_without_workspace():
