@@ -100,6 +100,11 @@ def wgmma_fallback(cfg: Int4GemmConfig) -> Int4GemmConfig:
     )  # fmt: skip
 
 
+# Programs of the swapped kernel's 128-row x tiles that run at once, one per multiprocessor of
+# the H200 the table was fitted on (their 4-stage ring fills its shared memory).
+_ONE_WAVE = 132
+
+
 def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     """The smallest power of two >= target, capped, keeping >= block_k of K per split."""
     split = 1
@@ -108,12 +113,20 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     return split
 
 
+# Wide weights at 64 < M <= 128, either word order: 64 weight rows, a 3-stage ring, two
+# programs per multiprocessor, not warp-specialized (seventh session of 2026-11-30: 60.0 /
+# 60.6 us on 4096 x 28672 at M = 128 against 73.0 / 64.5 for the previous warp-specialized
+# tilings, canonical / fragment order).
+_WIDE_128 = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
+
+
 def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     """Weights with N <= 8192 (qkv, o_proj, down_proj) for 2 <= M <= 256 on the swapped wgmma
     kernel: 64 weight rows, K tiles of 128, 4 warps, split-K reduced in slots. From the H200
     sweep of 2026-11-30, seventh session (BENCHMARKS.md, "INT4 GEMM"): 4 splits up to M = 16;
     above, the fewest that give >= 96 programs, doubled for long K (>= 8192) up to M = 64;
-    above M = 64, x tiles of 128 rows, warp-specialized."""
+    above M = 64, x tiles of 128 rows, warp-specialized with 4 stages while the programs fit
+    in one wave (one per multiprocessor), else plain with 3 (two per multiprocessor)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
@@ -124,6 +137,8 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
         if m <= 64 and k >= 8192:
             target *= 2
     split = _pow2_split(target, k, 128, 16)
+    if m > 64 and tiles * split > _ONE_WAVE:
+        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
     return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64)
 
 
@@ -131,18 +146,18 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
     wgmma kernel and the dequantizer read: K tiles of 128, wgmma's N the smallest power of two
     >= M, dequantize + cuBLAS above M = 256. Wide weights (fourth session of 2026-11-30,
-    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"): 128 rows, split-free,
-    warp-specialized above M = 64. Narrower ones (long K: down_proj): ``_narrow_swap``."""
+    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"): split-free, 128 rows
+    up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows warp-specialized above.
+    Narrower ones (long K: down_proj): ``_narrow_swap``."""
     if m > 256:
         return Int4GemmConfig("dequant")
     if n <= 8192:
         return _narrow_swap(m, n, k)
     rows = max(8, 1 << (m - 1).bit_length())
+    if m > 128:
+        return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
     if m > 64:
-        warps, stages = (4, 4) if rows == 128 else (8, 2)
-        return Int4GemmConfig(
-            "wgmma", rows, 128, 128, 1, warps, stages, swap=True, specialized=True
-        )
+        return _WIDE_128
     return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if rows >= 64 else 4, 4, swap=True)
 
 
@@ -164,9 +179,9 @@ def choose_config(
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
     2026-11-30): the swapped Gluon kernel, K tiles of 128, up to M = 256: on wide weights (N >
-    8192) as that session chose (warp-specialized above M = 64), on narrower ones as
-    ``_narrow_swap`` (seventh session, once split-K partials were reduced in slots instead
-    of with atomics). ``frag``: the weight's words are in fragment order (``_frag_config``).
+    8192) as that session chose (but ``_WIDE_128`` at 64 < M <= 128; warp-specialized above),
+    on narrower ones as ``_narrow_swap`` (seventh session, once split-K partials were reduced
+    in slots instead of with atomics). ``frag``: the weight's words are in fragment order (``_frag_config``).
     """
     if frag:
         return _frag_config(m, n, k)
@@ -190,7 +205,7 @@ def choose_config(
         if m > 128:  # warp-specialized: a producer warp issues the TMA refills
             return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
         if m > 64:  # 128 rows (256 would multiply half zeros: 2x slower at M = 128)
-            return Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 4, swap=True, specialized=True)
+            return _WIDE_128
         return Int4GemmConfig("wgmma", rows, 128, 128, 1, 4, 4, swap=True)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}
