@@ -131,6 +131,22 @@ class Peers:
         return ((out - ref).norm() / ref.norm()).item()
 
 
+def shape_rows(shapes: list[tuple[int, int]], rows: list[int], desc: str = "shapes x M"):
+    """(K, N, M, peers, first) for every shape and M, with a progress bar: one ``Peers`` per
+    shape (the engine's word order, no torch int4), freed before the next; ``first`` on a
+    shape's first M."""
+    from tqdm import tqdm
+
+    peers, shape = None, None
+    for k, n, m in tqdm([(k, n, m) for k, n in shapes for m in rows], desc=desc):
+        first = shape != (k, n)
+        if first:
+            del peers
+            torch.cuda.empty_cache()
+            peers, shape = Peers(k, n, with_torch=False), (k, n)
+        yield k, n, m, peers, first
+
+
 def candidates(m: int) -> list[Int4GemmConfig]:
     """Configs the sweep tries for M rows (kept small: device time is scarce): the shipped
     table's configs and neighbours of them with the inline-PTX dequantization (``asm``).

@@ -23,8 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from bench_int4_gemm import SHAPES, graph_time_us, shape_rows  # noqa: E402
 
 from kernels.int4_gemm import choose_config, int4_gemm_ref  # noqa: E402
 from kernels.int4_gemm_config import Int4GemmConfig  # noqa: E402
@@ -37,13 +36,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     table = []
-    jobs = [(k, n, int(m)) for k, n in SHAPES for m in args.rows.split(",")]
-    peers, shape = None, None
-    for k, n, m in tqdm(jobs, desc="shapes x M"):
-        if shape != (k, n):
-            del peers
-            torch.cuda.empty_cache()
-            peers, shape = Peers(k, n, with_torch=False), (k, n)
+    for k, n, m, peers, first in shape_rows(SHAPES, [int(m) for m in args.rows.split(",")]):
+        if first:
             t_read = peers.time_read_floor()
         w0 = peers.int4[0]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -24,8 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import Peers, graph_time_us  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from bench_int4_gemm import graph_time_us, shape_rows  # noqa: E402
 
 from kernels.int4_gemm import choose_config, int4_gemm_ref  # noqa: E402
 from kernels.int4_wgmma import int4_wgmma_swap  # noqa: E402
@@ -40,13 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     rows = []
-    jobs = [(k, n, int(m)) for k, n in SHAPES for m in args.rows.split(",")]
-    peers, shape = None, None
-    for k, n, m in tqdm(jobs, desc="shapes x M"):
-        if shape != (k, n):
-            del peers
-            torch.cuda.empty_cache()
-            peers, shape = Peers(k, n, with_torch=False), (k, n)
+    for k, n, m, peers, _ in shape_rows(SHAPES, [int(m) for m in args.rows.split(",")]):
         w0 = peers.int4[0]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = int4_gemm_ref(x, w0).float()
