@@ -181,7 +181,8 @@ def choose_config(
     2026-11-30): the swapped Gluon kernel, K tiles of 128, up to M = 256: on wide weights (N >
     8192) as that session chose (but ``_WIDE_128`` at 64 < M <= 128; warp-specialized above),
     on narrower ones as ``_narrow_swap`` (seventh session, once split-K partials were reduced
-    in slots instead of with atomics). ``frag``: the weight's words are in fragment order (``_frag_config``).
+    in slots instead of with atomics). ``frag``: the weight's words are in fragment order
+    (``_frag_config``).
     """
     if frag:
         return _frag_config(m, n, k)

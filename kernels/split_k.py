@@ -17,19 +17,27 @@ from __future__ import annotations
 import torch
 
 _WORKSPACES: dict[tuple[torch.device, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+# Workspaces that a bigger one replaced. A CUDA graph captured before the growth still holds
+# their addresses, so they are kept alive: freed, the caching allocator would hand their
+# memory to other tensors, and each replay of that graph would write into them.
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def workspace(device: torch.device, num_floats: int, num_locks: int, slots: bool = False):
     """The self-cleaning split-K workspace of a device (zeros between calls; with ``slots`` the
     slot workspace of MODE 3, whose values are left behind, only its locks reset), or None
-    when it would have to grow inside a CUDA graph capture (the caller then uses MODE 1)."""
+    when it would have to grow inside a CUDA graph capture (the caller then uses MODE 1).
+    It grows at least twofold, and the one it replaces stays allocated (``_RETIRED``)."""
     ws, locks = _WORKSPACES.get((device, slots), (None, None))
     if ws is not None and ws.numel() >= num_floats and locks.numel() >= num_locks:
         return ws, locks
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
-    size = max(num_floats, 0 if ws is None else ws.numel(), 1 << 16)
-    lock_size = max(num_locks, 0 if locks is None else locks.numel(), 1 << 12)
+    size, lock_size = max(num_floats, 1 << 16), max(num_locks, 1 << 12)
+    if ws is not None:  # at least twice what is short, and never less than before
+        _RETIRED.append((ws, locks))
+        size = max(size, ws.numel() * (2 if ws.numel() < num_floats else 1))
+        lock_size = max(lock_size, locks.numel() * (2 if locks.numel() < num_locks else 1))
     _WORKSPACES[device, slots] = (
         torch.zeros(size, dtype=torch.float32, device=device),
         torch.zeros(lock_size, dtype=torch.int32, device=device),

@@ -173,6 +173,38 @@ def test_split_k_reductions_keep_their_workspaces_apart():
     assert slot_ws.any() and not slot_locks.any(), "MODE 3: partials stay, tickets reset"
 
 
+def test_split_k_workspace_growth_keeps_the_old_one_allocated():
+    """A CUDA graph captured before the workspace grew keeps writing into the old one, so
+    growing must not free it (the caching allocator would hand its memory to other tensors;
+    ``test_int4_wgmma.py::test_graph_replay_after_the_split_k_workspace_grew`` replays such a
+    graph on the GPU). It grows at least twofold, so the kept ones add up to less than it."""
+    import gc
+    import weakref
+
+    from kernels import split_k
+
+    device = torch.device(DEVICE)
+    saved = dict(split_k._WORKSPACES)
+    split_k._WORKSPACES.clear()
+    try:
+        sizes, old = [], []
+        for need in (1000, 70_000, 70_001, 150_000, 150_000):
+            ws, locks = split_k.workspace(device, need, 8, slots=True)
+            assert ws.numel() >= need and not locks.any()
+            if not sizes or ws.numel() != sizes[-1]:
+                sizes.append(ws.numel())
+                old.append((weakref.ref(ws), weakref.ref(locks), ws.data_ptr()))
+            del ws, locks
+        gc.collect()
+        assert sizes == [1 << 16, 1 << 17, 1 << 18], sizes  # twofold: 70 000 and 150 000 fit
+        for ws_ref, locks_ref, ptr in old:
+            assert ws_ref() is not None and locks_ref() is not None, "a workspace was freed"
+            assert ws_ref().data_ptr() == ptr
+    finally:
+        split_k._WORKSPACES.clear()
+        split_k._WORKSPACES.update(saved)
+
+
 def test_bad_input_raises():
     w = random_weight(16, 64, 32, seed=3)
     with pytest.raises(ValueError, match="input features"):

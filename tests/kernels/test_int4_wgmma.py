@@ -108,6 +108,36 @@ def test_swap_split_k_slots_are_deterministic():
         assert_close(atomics, ref, torch.bfloat16, f"atomics {tiles} M={m}")
 
 
+def test_graph_replay_after_the_split_k_workspace_grew():
+    """A graph captured with a split-K launch keeps using the workspace of its capture after a
+    bigger launch has grown the workspace: replays stay right, and tensors allocated after the
+    growth (which would take the old workspace's memory, were it freed) are not written."""
+    weight = random_weight(1000 + 40, 2048, 128, seed=13)
+    tiles = (8, 64, 128, 4, 4, 4)
+    saved = dict(split_k._WORKSPACES)
+    split_k._WORKSPACES.clear()
+    try:
+        x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
+        int4_wgmma_swap(x, weight, *tiles)  # compiled; the smallest slot workspace
+        small = split_k._WORKSPACES[x.device, True][0].numel()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = int4_wgmma_swap(x, weight, *tiles)
+        big = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+        grown = int4_wgmma_swap(big, weight, 64, 64, 128, 8, 4, 4)
+        assert_close(grown, int4_gemm_ref(big, weight), torch.bfloat16, "the launch that grows")
+        assert split_k._WORKSPACES[x.device, True][0].numel() > small
+        fillers = [torch.full((small,), 7.0, device="cuda") for _ in range(4)]
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "replay after growth")
+        assert all(bool((f == 7.0).all()) for f in fillers), "a replay wrote into a new tensor"
+    finally:
+        split_k._WORKSPACES.clear()
+        split_k._WORKSPACES.update(saved)
+
+
 def test_swap_group_32_and_graph_capture_without_workspace():
     """K tiles of 32 (group 32), then a capture that would have to grow the split-K
     workspace: the launch adds into a zeroed fp32 output instead (MODE 1)."""
