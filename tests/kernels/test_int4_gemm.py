@@ -327,7 +327,7 @@ def test_asm_dequant_fp16(swap, tma):
 @pytest.mark.parametrize("n, k", [(16440, 512), (1032, 8192)])  # wide; long K (down_proj)
 def test_fragment_order_table_graph_replay_bf16(m, n, k):
     """A wide and a long-K weight in fragment order through their table (the swapped wgmma
-    kernel up to M = 256 or 128, dequantize + cuBLAS above) in a CUDA graph."""
+    kernel up to M = 256, dequantize + cuBLAS above) in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     canon = random_weight(n, k, 128, seed=m)
