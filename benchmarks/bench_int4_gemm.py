@@ -46,7 +46,7 @@ def random_int4(n: int, k: int, device: str = "cuda") -> Int4Weight:
 
 def engine_int4(n: int, k: int) -> Int4Weight:
     """A random weight in the word order the engine holds it in (``Int4Linear``: fragment
-    order for wide weights on Hopper, ``frag_preferred``)."""
+    order for wide and long-K weights on Hopper, ``frag_preferred``)."""
     weight = random_int4(n, k)
     return weight.to_frag() if frag_preferred(weight) else weight
 

@@ -203,8 +203,8 @@ def _int4_gemv_kernel(
         m * tl.num_programs(0) + pid_n,
         num_splits,
         MODE,
-        pid_k,
-        tl.num_programs(2) * N,
+        0,  # no slots: the gemv reduces splits with atomics (MODE 2)
+        0,
     )
 
 
@@ -698,8 +698,10 @@ def frag_preferred(weight: Int4Weight) -> bool:
     weight (N > 8192) or one with a long K (K >= 8192: down_proj), where the swapped wgmma
     kernel on such words leads or ties at every M it runs (``_frag_config``), with groups of
     128 or more on an sm_90+ GPU whose Triton has Gluon, scale rows TMA can address (N a
-    multiple of 8). Narrower weights keep the gemv and Triton kernels, which win there at
-    M = 1 and 64 (BENCHMARKS.md, "INT4 GEMM")."""
+    multiple of 8). Narrower weights stay canonical: the gemv, which reads only canonical
+    words, leads there at M = 1, and from M = 2 the swapped kernel on canonical words comes
+    close to fragment order (at most 1.3 us behind in the seventh session's scratch sweep of
+    2026-11-30)."""
     n, k, g = weight.out_features, weight.in_features, weight.group_size
     q = weight.qweight
     return (

@@ -120,6 +120,20 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 _WIDE_128 = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
 
 
+def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
+    """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
+    128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64 (8 warps
+    at M = 33-64 in fragment order), ``_WIDE_128`` up to 128, then x tiles of 256 rows
+    (half of them zeros at M = 129-255), warp-specialized: a producer warp issues the TMA
+    refills."""
+    if m > 128:
+        return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
+    if m > 64:
+        return _WIDE_128
+    rows = max(8, 1 << (m - 1).bit_length())
+    return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if frag and rows >= 64 else 4, 4, swap=True)
+
+
 def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     """Weights with N <= 8192 (qkv, o_proj, down_proj) for 2 <= M <= 256 on the swapped wgmma
     kernel: 64 weight rows, K tiles of 128, 4 warps, split-K reduced in slots. From the H200
@@ -153,12 +167,7 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
         return Int4GemmConfig("dequant")
     if n <= 8192:
         return _narrow_swap(m, n, k)
-    rows = max(8, 1 << (m - 1).bit_length())
-    if m > 128:
-        return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
-    if m > 64:
-        return _WIDE_128
-    return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if rows >= 64 else 4, 4, swap=True)
+    return _wide_swap(m, frag=True)
 
 
 def choose_config(
@@ -200,14 +209,7 @@ def choose_config(
     # 128 up to M = 256. wgmma's N is the smallest power of two >= M (the TMA tile of x reads
     # zeros past M).
     if block_k == 128 and m <= 256:
-        if small:
-            return _narrow_swap(m, n, k)
-        rows = max(8, 1 << (m - 1).bit_length())
-        if m > 128:  # warp-specialized: a producer warp issues the TMA refills
-            return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
-        if m > 64:  # 128 rows (256 would multiply half zeros: 2x slower at M = 128)
-            return _WIDE_128
-        return Int4GemmConfig("wgmma", rows, 128, 128, 1, 4, 4, swap=True)
+        return _narrow_swap(m, n, k) if small else _wide_swap(m, frag=False)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}
     if m <= 16:
