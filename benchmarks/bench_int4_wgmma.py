@@ -72,12 +72,15 @@ def time_shape(
     only_tiles: list[tuple] | None = None,
     plain: bool = False,
     slots: bool = True,
+    pipe: bool = False,
 ) -> list[tuple]:
-    """bf16, the table and every tile config of a Gluon kernel at each M for one weight
-    (``frag``: the swapped kernel on canonical and on fragment-ordered words, a last element
-    1 for the latter; ``only_tiles``: these swapped tilings instead of ``swap_tiles``; ``plain``:
-    the swapped kernel without warp specialization only; ``slots`` False: split-K reduced
-    with fp32 atomics, the reduction before the seventh session)."""
+    """bf16, the table and every tile config of a Gluon kernel at each M for one weight.
+    ``frag``: the swapped kernel on canonical and on fragment-ordered words; ``only_tiles``:
+    these swapped tilings instead of ``swap_tiles``; ``plain``: the swapped kernel without
+    warp specialization only; ``slots`` False: split-K reduced with fp32 atomics, the
+    reduction before the seventh session; ``pipe``: each tiling of 3 or more stages also with
+    two wgmmas in flight. Swapped candidates print as (*tiles, specialized, fragment order,
+    pipe)."""
     peers = Peers(k, n, with_torch=False, engine_order=False)
     if frag:
         peers.frag = [w.to_frag() for w in peers.int4]
@@ -90,29 +93,22 @@ def time_shape(
         best = {False: (float("inf"), None), True: (float("inf"), None)}  # by fragment order
         kernel = int4_wgmma_swap if swap else int4_wgmma
         candidates = TILES
-        if swap and frag:  # each tiling on canonical and fragment-ordered words
-            specialized = (False,) if plain else (False, True)
+        if swap:  # (*tiles, specialized, fragment order, pipe)
             candidates = [
-                (*t, ws, fr)
+                (*t, ws, fr, pp)
                 for t in only_tiles or swap_tiles(m, k, n)
-                if t[2] == 128  # the fragment order is per 128-column tile
-                for ws in specialized
-                for fr in (0, 1)
-            ]
-        elif swap:  # each tiling plain and warp-specialized
-            candidates = [
-                (*t, ws)
-                for t in only_tiles or swap_tiles(m, k, n)
+                if not frag or t[2] == 128  # the fragment order is per 128-column tile
                 for ws in ((False,) if plain else (False, True))
+                for fr in ((0, 1) if frag else (0,))
+                for pp in ((False, True) if pipe and t[4] >= 3 else (False,))
             ]
         for tiles in candidates:
 
             def run(i: int, tiles=tiles, x=x, kernel=kernel) -> torch.Tensor:
-                if swap and frag:
-                    weights = peers.frag if tiles[-1] else peers.int4
-                    return kernel(x, weights[i], *tiles[:-2], specialized=tiles[-2], slots=slots)
                 if swap:
-                    return kernel(x, peers.int4[i], *tiles, slots=slots)
+                    weights = peers.frag if tiles[-2] else peers.int4
+                    return kernel(x, weights[i], *tiles[:-3], specialized=tiles[-3],
+                                  slots=slots, pipe=tiles[-1])  # fmt: skip
                 return kernel(x, peers.int4[i], *tiles)
 
             try:
@@ -124,7 +120,7 @@ def time_shape(
                 continue
             flag = "" if err < 1e-2 else "  WRONG"
             print(f"  K={k} N={n} M={m} {tiles}: {t:.1f} us, rel. err {err:.1e}{flag}", flush=True)
-            kind = bool(tiles[-1]) if swap and frag else False
+            kind = bool(tiles[-2]) if swap and frag else False
             if err < 1e-2 and t < best[kind][0]:
                 best[kind] = (t, tiles)
         rows.append((k, n, m, t_bf16, t_table, *best[False]))
@@ -155,6 +151,9 @@ def main() -> None:
         action="store_true",
         help="with --swap: reduce split-K with fp32 atomics instead of slots (the old way)",
     )
+    parser.add_argument(
+        "--pipe", action="store_true", help="with --swap: also with two wgmmas in flight"
+    )
     args = parser.parse_args()
     row_values = [
         int(r) for r in (args.rows or ("1,16,64,256" if args.swap else "256,1024")).split(",")
@@ -173,7 +172,15 @@ def main() -> None:
             else None
         )
         rows += time_shape(
-            k, n, row_values, args.swap, args.frag, tiles, args.plain, not args.atomics
+            k,
+            n,
+            row_values,
+            args.swap,
+            args.frag,
+            tiles,
+            args.plain,
+            not args.atomics,
+            args.pipe,
         )
         torch.cuda.empty_cache()
     print("\n| K x N | M | bf16 (us) | table (us) | wgmma (us) | tiles | vs bf16 | vs table |")

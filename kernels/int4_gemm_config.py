@@ -48,7 +48,9 @@ class Int4GemmConfig:
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
     (it reads nothing before that kernel has finished).
     ``wgmma`` with ``swap`` only: ``specialized`` moves the TMA refills to a producer warp
-    (warp specialization; the decoding warps hand ring slots back through empty barriers).
+    (warp specialization; the decoding warps hand ring slots back through empty barriers);
+    ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
+    for; 3 or more stages).
     """
 
     strategy: str
@@ -68,6 +70,7 @@ class Int4GemmConfig:
     prefetch: bool = False
     pdl: bool = False
     specialized: bool = False
+    pipe: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -78,8 +81,11 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
-        if self.specialized and not (self.strategy == "wgmma" and self.swap):
-            raise ValueError("specialized applies to the wgmma strategy with swap=True only")
+        for name in ("specialized", "pipe"):
+            if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
+                raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
+        if self.pipe and self.num_stages < 3:
+            raise ValueError(f"pipe needs num_stages >= 3, got {self.num_stages}")
 
 
 # Where the wgmma kernel does not apply: the unswapped TMA mm kernel of the same bucket.
@@ -113,6 +119,20 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
     return split
 
 
+# Above M = 256: the swapped kernel in two tilings or dequantize + cuBLAS, whichever a cost
+# model fitted on the H200 (eighth session of 2026-11-30, ``bench_int4_wgmma.py --swap --pipe
+# --rows 384,...,4096``; BENCHMARKS.md, "INT4 GEMM") puts first. A tiling's time is its waves
+# (programs over those that run at once) times one program's time, linear in K; dequantize +
+# cuBLAS is a fixed cost, the products at 760 TFLOP/s and 2.5 bytes per weight at 3.3 TB/s.
+# Over 28 measured (shape, M) points the model's pick was within 4% of the fastest of the three.
+# 2 per multiprocessor; in fragment order (a shorter decode) with two wgmmas in flight
+_LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
+_LARGE_PLAIN_FRAG = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True)
+_LARGE_WIDE = Int4GemmConfig(
+    "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True
+)  # one per multiprocessor
+
+
 # Wide weights at 64 < M <= 128, either word order: 64 weight rows, a 3-stage ring, two
 # programs per multiprocessor, not warp-specialized (seventh session of 2026-11-30: 60.0 /
 # 60.6 us on 4096 x 28672 at M = 128 against 73.0 / 64.5 for the previous warp-specialized
@@ -123,11 +143,11 @@ _WIDE_128 = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
     128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64 (8 warps
-    at M = 33-64 in fragment order), ``_WIDE_128`` up to 128, then x tiles of 256 rows
-    (half of them zeros at M = 129-255), warp-specialized: a producer warp issues the TMA
-    refills."""
+    at M = 33-64 in fragment order), ``_WIDE_128`` up to 128, then ``_LARGE_WIDE``: x tiles
+    of 256 rows (half of them zeros at M = 129-255), warp-specialized (a producer warp issues
+    the TMA refills), two wgmmas in flight."""
     if m > 128:
-        return Int4GemmConfig("wgmma", 256, 128, 128, 1, 8, 2, swap=True, specialized=True)
+        return _LARGE_WIDE
     if m > 64:
         return _WIDE_128
     rows = max(8, 1 << (m - 1).bit_length())
@@ -140,7 +160,8 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     sweep of 2026-11-30, seventh session (BENCHMARKS.md, "INT4 GEMM"): 4 splits up to M = 16;
     above, the fewest that give >= 96 programs, doubled for long K (>= 8192) up to M = 64;
     above M = 64, x tiles of 128 rows, warp-specialized with 4 stages while the programs fit
-    in one wave (one per multiprocessor), else plain with 3 (two per multiprocessor)."""
+    in one wave (one per multiprocessor), else plain with 3 (two per multiprocessor); the
+    warp-specialized tiling keeps two wgmmas in flight above M = 128 (eighth session)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
@@ -153,18 +174,38 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     split = _pow2_split(target, k, 128, 16)
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
-    return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64)
+    return Int4GemmConfig(
+        "wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64, pipe=m > 128
+    )
+
+
+def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
+    """M > 256: ``_LARGE_PLAIN`` (``_LARGE_PLAIN_FRAG`` for fragment-ordered words: two
+    wgmmas in flight were 3-18% faster there and 4-14% slower on canonical words),
+    ``_LARGE_WIDE`` or dequantize + cuBLAS, by the cost model."""
+    plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
+
+    def waves(cfg: Int4GemmConfig, per_sm: int) -> int:
+        programs = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        return -(-programs // (per_sm * _ONE_WAVE))
+
+    costs = {
+        plain: waves(plain, 2) * (4.1 + 0.00655 * k),
+        _LARGE_WIDE: waves(_LARGE_WIDE, 1) * (2.7 + 0.01231 * k),
+        Int4GemmConfig("dequant"): 4.0 + 2 * m * n * k / 760e6 + 2.5 * n * k / 3.3e6,
+    }
+    return min(costs, key=costs.get)
 
 
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
     wgmma kernel and the dequantizer read: K tiles of 128, wgmma's N the smallest power of two
-    >= M, dequantize + cuBLAS above M = 256. Wide weights (fourth session of 2026-11-30,
+    >= M, ``_large_config`` above M = 256. Wide weights (fourth session of 2026-11-30,
     ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"): split-free, 128 rows
     up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows warp-specialized above.
     Narrower ones (long K: down_proj): ``_narrow_swap``."""
     if m > 256:
-        return Int4GemmConfig("dequant")
+        return _large_config(m, n, k, frag=True)
     if n <= 8192:
         return _narrow_swap(m, n, k)
     return _wide_swap(m, frag=True)
@@ -190,8 +231,9 @@ def choose_config(
     2026-11-30): the swapped Gluon kernel, K tiles of 128, up to M = 256: on wide weights (N >
     8192) as that session chose (but ``_WIDE_128`` at 64 < M <= 128; warp-specialized above),
     on narrower ones as ``_narrow_swap`` (seventh session, once split-K partials were reduced
-    in slots instead of with atomics). ``frag``: the weight's words are in fragment order
-    (``_frag_config``).
+    in slots instead of with atomics); above M = 256 (eighth session) the swapped kernel or
+    dequantize + cuBLAS by a cost model (``_large_config``). ``frag``: the weight's words are
+    in fragment order (``_frag_config``).
     """
     if frag:
         return _frag_config(m, n, k)
@@ -208,7 +250,9 @@ def choose_config(
     # The swapped Gluon kernel (weights decoded into wgmma's register operand) in K tiles of
     # 128 up to M = 256. wgmma's N is the smallest power of two >= M (the TMA tile of x reads
     # zeros past M).
-    if block_k == 128 and m <= 256:
+    if block_k == 128:
+        if m > 256:
+            return _large_config(m, n, k, frag=False)
         return _narrow_swap(m, n, k) if small else _wide_swap(m, frag=False)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}

@@ -373,11 +373,27 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
 
 
 @gluon.jit
+def _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  kt, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                  GROUP_TILES: gl.constexpr, SPECIALIZED: gl.constexpr):  # fmt: skip
+    """Once every warp is past the wait for K tile kt's wgmma (kt >= 0), its ring slot is
+    handed back to the producer warp (``SPECIALIZED``) or refilled with tile kt + NUM_STAGES."""
+    gl.thread_barrier()
+    if kt >= 0:
+        if SPECIALIZED:
+            mbarrier.arrive(empty.index(kt % NUM_STAGES))
+        else:
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
+
+
+@gluon.jit
 def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                    empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
                    SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, num_warps: gl.constexpr,
-                   PARTS: gl.constexpr = 0):  # fmt: skip
+                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False):  # fmt: skip
     """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
     1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
     it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
@@ -415,6 +431,39 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         return (acc,)
     a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
                      NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
+    if PIPE:
+        # Two wgmmas in flight, over pairs of K tiles (num_k even): tile kt is issued, the
+        # wait is for tile kt - 1 only, and tile kt + 1 is decoded while kt multiplies, so its
+        # wgmma queues behind kt's and the tensor cores do not idle while the warps wait, sync
+        # and refill. Even and odd tiles decode into two operands (a0, a1) that each stay in
+        # their registers from their decode until the wait after the next tile's issue (the
+        # wait's deps keep them live): a wgmma reads its register operand asynchronously, so
+        # a loop-carried operand copied into place each iteration would be overwritten while
+        # the previous wgmma still reads it.
+        a0 = a
+        a1 = a
+        for kp in range(num_k // 2):
+            kt = 2 * kp
+            acc = warpgroup_mma(a0, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+            acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
+            _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                          empty, kt - 1, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          SPECIALIZED)  # fmt: skip
+            a1 = _decode_step(q_bufs, s_bufs, o_bufs, ready, kt + 1, sel, a_layout, q_layout,
+                              S_LAYOUT, NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
+            acc = warpgroup_mma(a1, x_bufs.index((kt + 1) % NUM_STAGES).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
+            acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
+            _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                          empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          SPECIALIZED)  # fmt: skip
+            # the last pair decodes its own last tile again (never refilled) instead of past K
+            a0 = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 2, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
+                              FRAG)  # fmt: skip
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        return (acc,)
     for kt in range(num_k):
         acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
         # the next tile (the last one again at the end: its slot is never refilled) is decoded
@@ -475,6 +524,7 @@ def _int4_wgmma_swap_kernel(
     FRAG: gl.constexpr,  # words in fragment order (``frag_order``); L3 is then their layout
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
+    PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -511,7 +561,7 @@ def _int4_wgmma_swap_kernel(
                 (_swap_mainloop,
                  (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
                   num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
-                  SPECIALIZED, FRAG, num_warps)),
+                  SPECIALIZED, FRAG, num_warps, 0, PIPE)),
                 (_swap_producer,
                  (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
                   num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
@@ -530,7 +580,7 @@ def _int4_wgmma_swap_kernel(
         (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                                 ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
                                 GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps,
-                                PARTS)  # fmt: skip
+                                PARTS, PIPE)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
@@ -667,6 +717,7 @@ def int4_wgmma_swap(
     specialized: bool = False,
     parts: int = 0,
     slots: bool = True,
+    pipe: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -679,9 +730,18 @@ def int4_wgmma_swap(
     each split stores its partial tile in its own slot and the tile's last split adds them;
     False adds them into the workspace with fp32 atomics instead, the reduction before
     2026-11-30's seventh session, kept for the comparison in
-    ``benchmarks/bench_int4_wgmma.py --atomics`` (up to 2x slower at M = 16-64)."""
+    ``benchmarks/bench_int4_wgmma.py --atomics`` (up to 2x slower at M = 16-64). ``pipe``
+    keeps two wgmmas in flight (tile kt + 1 issued before tile kt is waited for; needs 3 or
+    more stages), so the tensor cores need not idle while the warps wait, sync and refill;
+    it takes K tiles in pairs, so where a split has an odd number of them the plain loop
+    runs instead."""
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
+    if pipe and (parts or num_stages < 3):
+        raise ValueError(
+            f"pipe needs parts=0 and num_stages >= 3 (a slot is refilled one tile later), "
+            f"got parts={parts}, num_stages={num_stages}"
+        )
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
     frag = weight.frag
@@ -691,6 +751,8 @@ def int4_wgmma_swap(
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     num_splits = triton.cdiv(k, k_per_split)
     num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    last_tiles = triton.cdiv(k - (num_splits - 1) * k_per_split, block_k)
+    pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
         TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
@@ -719,5 +781,6 @@ def int4_wgmma_swap(
         FRAG=frag,
         num_warps=num_warps,
         PARTS=parts,
+        PIPE=pipe,
     )
     return out.to(x.dtype) if mode == 1 else out

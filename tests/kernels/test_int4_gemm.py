@@ -17,6 +17,7 @@ from kernels.int4_gemm import (  # noqa: E402
     int4_gemm,
     int4_gemm_ref,
 )
+from kernels.int4_gemm_config import _LARGE_PLAIN, _LARGE_PLAIN_FRAG, _LARGE_WIDE  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative Frobenius error allowed per activation dtype (fp32 accumulate in both).
@@ -219,6 +220,10 @@ def test_bad_input_raises():
         Int4GemmConfig("cutlass")
     with pytest.raises(ValueError, match="specialized applies"):
         Int4GemmConfig("mm", specialized=True)
+    with pytest.raises(ValueError, match="pipe applies"):
+        Int4GemmConfig("mm", pipe=True)
+    with pytest.raises(ValueError, match="num_stages >= 3"):
+        Int4GemmConfig("wgmma", swap=True, num_stages=2, pipe=True)
     with pytest.raises(ValueError, match="equal K"):
         Int4Weight.cat_n([w, random_weight(16, 128, 32, seed=4)])
 
@@ -334,3 +339,32 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     assert_graph_replays(x, canon.to_frag(), canon, f"frag table M={m} N={n} K={k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+@pytest.mark.parametrize("k", [2048, 1152])  # 16 K tiles; 9 (odd: no two wgmmas in flight)
+def test_large_m_tilings_and_their_fallback(k, frag):
+    """The swapped tilings the table runs above M = 256 (``_large_config``), on both word
+    orders, against the reference, eagerly and replayed in a CUDA graph; with fp32 x (which
+    the wgmma kernels do not take) the same configs fall back to dequantize + cuBLAS."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the swapped wgmma kernel is for sm_90+")
+    canon = random_weight(1000 + 40, k, 128, seed=k)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    weight = canon.to_frag() if frag else canon
+    for config in (_LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN, _LARGE_WIDE):
+        for m in (257, 300, 513):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            out = int4_gemm(x, weight, config=config)
+            assert_close(out, int4_gemm_ref(x, canon), torch.bfloat16, f"{config} M={m}")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = int4_gemm(x, weight, config=config)
+        for _ in range(2):
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            assert_close(out, int4_gemm_ref(x, canon), torch.bfloat16, f"graph {config}")
+        x32 = torch.randn(300, k, device="cuda")
+        out = int4_gemm(x32, weight, config=config)
+        assert_close(out, int4_gemm_ref(x32, canon), torch.float32, f"fp32 x {config}")

@@ -192,6 +192,35 @@ def test_swap_fragment_order_matches_reference(group_size, dtype, tiles):
         int4_wgmma_swap(x, frag, 16, 64, 64)
 
 
+# Two wgmmas in flight (``pipe``): (block_m, block_n, block_k, split_k, stages, warps). With K
+# = 1024: 8 K tiles of 128 (4 per split of 2), 16 of 64, and 3 per split of 3 (odd: the plain
+# loop runs), against rings of 3-4.
+PIPE_TILES = [(256, 128, 128, 1, 3, 8), (128, 64, 128, 2, 3, 4), (64, 64, 64, 1, 4, 4),
+              (16, 128, 128, 1, 4, 4), (32, 64, 128, 3, 3, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("specialized", [False, True], ids=["plain", "specialized"])
+@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+@pytest.mark.parametrize("tiles", PIPE_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
+    """``pipe``: each K tile's wgmma is issued before the previous one is waited for. It must
+    agree with the reference, and bitwise with the one-at-a-time loop (the same products
+    into the same accumulator in the same order; a decode that overwrote an operand still
+    being read would show as a difference); masked N and M."""
+    if frag and tiles[2] != 128:
+        pytest.skip("fragment order: K tiles of 128")
+    weight = random_weight(1000 + 40, 1024, 128, seed=17)
+    words = weight.to_frag() if frag else weight
+    for m in (1, 37, 130, 256):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        out = int4_wgmma_swap(x, words, *tiles, specialized=specialized, pipe=True)
+        assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"pipe {tiles} M={m}")
+        plain = int4_wgmma_swap(x, words, *tiles, specialized=specialized)
+        assert torch.equal(out, plain), f"pipe {tiles} M={m}: differs from the plain loop"
+    with pytest.raises(ValueError, match="num_stages >= 3"):
+        int4_wgmma_swap(x, words, 16, 64, 128, 1, 2, 4, pipe=True)
+
+
 @pytest.mark.parametrize("frag", [True, False], ids=["frag", "canonical"])
 def test_swap_parts_for_measurement(frag):
     """``parts`` (bench_int4_parts.py): 1 multiplies x by ones instead of the weight (every
