@@ -20,6 +20,7 @@ from producer.broker import celery_config
 from producer.jobs import WARMUP_TASK
 from producer.queues import queue_name
 from worker.dead_letters import dead_letter
+from worker.recovery import LostChunkSweeper
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 from worker.tasks import register_tasks
@@ -174,6 +175,10 @@ def close_polling_channels(connection: Any) -> None:
 
 
 def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
+    # kombu loses a message popped by a worker killed before it recorded it as unacked; the
+    # sweeper sends such chunks again (worker/recovery.py).
+    sweeper = LostChunkSweeper(rt, app.send_task, rt.settings.lost_chunk_sweep_interval_s)
+
     def on_init(sender: Any = None, **_: Any) -> None:
         if not _belongs_to(sender, app):
             return
@@ -189,11 +194,13 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         queues = set((app.amqp.queues.consume_from or {}).keys())
         normal = queue_name("normal", rt.settings.queue_prefix)
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
+        sweeper.start()
         rt.metrics.worker_ready.set(1)
 
     def on_shutting_down(**_: Any) -> None:  # warm shutdown (SIGTERM not remapped) too
         rt.metrics.worker_ready.set(0)
         rt.lanes.stop()
+        sweeper.stop()
 
     def on_shutdown(**_: Any) -> None:  # the pool has stopped: stop the engine (and its ranks)
         if rt.loop is not None:

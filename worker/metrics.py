@@ -70,6 +70,11 @@ class WorkerMetrics:
             "tidal_chunk_duplicates_total", "Chunks delivered again after their result existed",
             registry=r,
         )  # fmt: skip
+        self.chunks_resent = Counter(
+            "tidal_chunks_resent_total",
+            "Chunk messages sent again: no queue and no worker held them (worker/recovery.py)",
+            registry=r,
+        )  # fmt: skip
         self.worker_ready = Gauge("tidal_worker_ready", "1 once warm and consuming", registry=r)
         self.warmup_duration = Gauge(
             "tidal_warmup_duration_seconds", "Load + compile + first generation", registry=r

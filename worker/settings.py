@@ -44,6 +44,10 @@ class WorkerSettings(ProducerSettings):
     unacked_restore_interval_s: int = Field(default=10, ge=1)
     unacked_restore_throttle: int = Field(default=10, ge=1)
     soft_shutdown_timeout_s: float = Field(default=20.0, ge=0)
+    # A chunk whose message a dying worker had popped but not yet recorded as unacked is in
+    # no queue and no unacked hash: one worker per interval looks for such chunks and sends
+    # them again after two sweeps in a row (worker/recovery.py).
+    lost_chunk_sweep_interval_s: float = Field(default=60.0, gt=0)
     chunk_max_retries: int = Field(default=5, ge=0)
     chunk_retry_backoff_s: float = Field(default=2.0, ge=0)
     chunk_retry_backoff_max_s: float = Field(default=120.0, ge=0)

@@ -11,6 +11,7 @@ import boto3
 
 from producer import Client
 from producer.jobs import JobState, JobStatus
+from producer.queues import LANES, inflight_key, job_chunks_key, queue_name, redis_list_keys
 from producer.settings import ProducerSettings
 from tests.worker.conftest import BUCKET, make_lines
 
@@ -74,3 +75,25 @@ def unacked_messages(redis_client) -> list[Unacked]:
         _args, kwargs, _embed = json.loads(body)
         out.append(Unacked(routing_key, message["headers"]["task"], kwargs))
     return out
+
+
+def queued_chunks(redis_client, job_id: str) -> set[int]:
+    """Chunk indices of ``job_id`` waiting in a queue (either lane, every priority list)."""
+    from worker.recovery import chunk_of
+
+    keys = [k for lane in LANES for k in redis_list_keys(queue_name(lane))]
+    found = {chunk_of(raw) for key in keys for raw in redis_client.lrange(key, 0, -1)}
+    return {c for j, c in filter(None, found) if j == job_id}
+
+
+def where_chunks_are(client: Client, job_id: str) -> str:
+    """The job record and where each chunk's message is, for a failure message."""
+    r = client.redis
+    status = client.status(job_id)
+    done = sorted(int(c) for c in r.smembers(job_chunks_key(job_id)))
+    unacked = sorted(m.kwargs["chunk_index"] for m in unacked_messages(r)
+                     if m.kwargs.get("job_id") == job_id)  # fmt: skip
+    queued = sorted(queued_chunks(r, job_id))
+    nowhere = sorted(set(range(status.num_chunks)) - set(done) - set(unacked) - set(queued))
+    return (f"{status!r}\ndone {done}, queued {queued}, unacked {unacked}, nowhere {nowhere}; "
+            f"in flight {r.hgetall(inflight_key())}")  # fmt: skip

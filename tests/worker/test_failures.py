@@ -20,7 +20,14 @@ from producer.queues import dead_letter_key, inflight_key, job_chunks_key
 from producer.storage import PermanentStorageError
 from tests.worker.conftest import free_port, wait_for, worker_env
 from tests.worker.faulty_engine_worker import FAULT_MESSAGE
-from tests.worker.jobcheck import check_exactly_once, make_client, submit, unacked_messages
+from tests.worker.jobcheck import (
+    check_exactly_once,
+    make_client,
+    queued_chunks,
+    submit,
+    unacked_messages,
+    where_chunks_are,
+)
 from tests.worker.s3_fault_proxy import S3FaultProxy
 from worker.tasks import EXIT_ENGINE_DEAD
 
@@ -30,6 +37,7 @@ FAST_RECOVERY = {
     "TIDAL_VISIBILITY_TIMEOUT_S": "6",
     "TIDAL_UNACKED_RESTORE_INTERVAL_S": "1",
     "TIDAL_UNACKED_RESTORE_THROTTLE": "1",
+    "TIDAL_LOST_CHUNK_SWEEP_INTERVAL_S": "1",
 }
 
 
@@ -57,9 +65,47 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
     assert client.status(handle.job_id).state != JobState.COMPLETED
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
-    client.wait(handle.job_id, timeout_s=300)
+    try:
+        client.wait(handle.job_id, timeout_s=300)
+    except TimeoutError as exc:
+        state = where_chunks_are(client, handle.job_id)
+        raise TimeoutError(f"{exc}\n{state}\nfirst worker:\n{first.tail(20000)}\n"
+                           f"second worker:\n{second.tail(20000)}") from exc  # fmt: skip
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
+
+
+def test_kill_9_while_fetching_a_chunk(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    # kombu pops a message (BRPOP) before it records it in `unacked`; a worker killed in
+    # between leaves that chunk nowhere, and the visibility timeout cannot bring it back. The
+    # kill -9 test above hit this by chance (1 run in about 30 under load). Here the worker
+    # SIGKILLs itself while fetching its third chunk message, after the first two started.
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=48, max_tokens=16)
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY)
+    first = start_worker(env, launcher=["-m", "tests.worker.lossy_fetch_worker", "3"])
+    wait_for(lambda: first.proc.poll() is not None, 180, "the worker to die fetching a chunk")
+    assert first.proc.returncode == -signal.SIGKILL, first.tail()
+
+    held = {m.kwargs["chunk_index"] for m in unacked_messages(client.redis)}
+    held |= queued_chunks(client.redis, handle.job_id)
+    done = {int(c) for c in client.redis.smembers(job_chunks_key(handle.job_id))}
+    status = client.status(handle.job_id)
+    lost = set(range(status.num_chunks)) - held - done
+    assert len(lost) == 1, where_chunks_are(client, handle.job_id)
+
+    second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
+    second.wait_ready()
+    try:
+        client.wait(handle.job_id, timeout_s=120)
+    except TimeoutError as exc:
+        state = where_chunks_are(client, handle.job_id)
+        raise TimeoutError(f"{exc}\n{state}\n{second.tail(20000)}") from exc
+    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    assert status.num_duplicates == 0, status  # the lost chunk had never run
+    assert "was in no queue and held by no worker" in second.tail(50000)
 
 
 def test_engine_crash_exits_without_ack_then_new_worker(
