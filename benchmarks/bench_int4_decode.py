@@ -10,6 +10,10 @@ weight memory of both forms. Decode steps replay from CUDA graphs, as the engine
 ``--enforce-eager`` times eager launches instead.
 
     python3 benchmarks/bench_int4_decode.py [--shape 8b] [--batches 1,32] [--enforce-eager]
+        [--prefill 16 --prefill-len 1024 --batched-tokens 2048]
+
+``--prefill N`` also times N prompts' prefill (prompt tokens/s, one output token each), where
+the linear layers run at M = ``--batched-tokens`` per step.
 """
 
 from __future__ import annotations
@@ -35,6 +39,28 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def prefill_rate(engine, num: int, prompt_len: int, vocab: int, seed: int) -> float:
+    """Prompt tokens/s of ``num`` prompts run to their first token (one output token each):
+    the scheduler packs up to ``max_num_batched_tokens`` prompt tokens per step, so the
+    linear layers run at M of that size. Each call needs its own ``seed``: prompts seen
+    before would come from the prefix cache instead of being computed."""
+    import random
+
+    from engine.sampling_params import SamplingParams
+
+    rng = random.Random(f"prefill-{seed}")
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    for i in range(num):
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        engine.add_request(f"p{seed}-{i}", prompt, params)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    torch.cuda.synchronize()
+    return num * prompt_len / (time.perf_counter() - start)
+
+
 def swap_to_int4(model: torch.nn.Module) -> int:
     """Replace each decoder Linear by an Int4Linear of random INT4 weights; returns the count."""
     from engine.models.llama import Linear
@@ -58,6 +84,13 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--num-decode", type=int, default=64)
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="also time this many prompts' prefill (0: none)"
+    )
+    parser.add_argument("--prefill-len", type=int, default=1024)
+    parser.add_argument(
+        "--batched-tokens", type=int, default=2048, help="max_num_batched_tokens (prefill chunk)"
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -67,7 +100,8 @@ def main() -> None:
     model_dir = write_model_dir(args.shape, Path(tempfile.mkdtemp(prefix="int4-decode-")))
     config = EngineConfig(
         model=str(model_dir), dtype="bfloat16", device="cuda", load_format="dummy",
-        max_model_len=2048, gpu_memory_utilization=0.6, enforce_eager=args.enforce_eager,
+        max_model_len=max(2048, args.prefill_len + 1), gpu_memory_utilization=0.6,
+        enforce_eager=args.enforce_eager, max_num_batched_tokens=args.batched_tokens,
     )  # fmt: skip
     start = time.perf_counter()
     engine = LLMEngine(config)
@@ -76,6 +110,7 @@ def main() -> None:
     vocab = SHAPES[args.shape]["vocab_size"]
     rates: dict[str, dict[int, float]] = {}
     sizes = {}
+    prefills: dict[str, float] = {}
     try:
         for form in ("bf16", "int4"):
             if form == "int4":
@@ -89,6 +124,13 @@ def main() -> None:
                     engine, batch, args.prompt_len, args.num_decode, vocab
                 )
                 print(f"{form} batch {batch}: {rates[form][batch]:.1f} tok/s", flush=True)
+            if args.prefill:
+                seed = 2 * len(prefills)
+                prefill_rate(engine, args.prefill, args.prefill_len, vocab, seed)  # warm-up
+                prefills[form] = prefill_rate(
+                    engine, args.prefill, args.prefill_len, vocab, seed + 1
+                )
+                print(f"{form} prefill: {prefills[form]:.0f} prompt tok/s", flush=True)
     finally:
         engine.shutdown()
 
@@ -101,6 +143,12 @@ def main() -> None:
     for batch in batches:
         bf16, int4 = rates["bf16"][batch], rates["int4"][batch]
         print(f"| {batch} | {bf16:.1f} | {int4:.1f} | {int4 / bf16:.2f}x |")
+    if prefills:
+        print(
+            f"prefill, {args.prefill} prompts of {args.prefill_len} tokens, "
+            f"{args.batched_tokens} tokens per step: bf16 {prefills['bf16']:.0f} prompt tok/s, "
+            f"int4 {prefills['int4']:.0f}, int4 / bf16 {prefills['int4'] / prefills['bf16']:.2f}x"
+        )
 
 
 if __name__ == "__main__":
