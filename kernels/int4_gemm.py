@@ -60,7 +60,7 @@ from kernels.int4_weight import (
     tma_tiles_ok,
     unpack_words,
 )
-from kernels.pdl import has_pdl
+from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
@@ -706,8 +706,7 @@ def frag_preferred(weight: Int4Weight) -> bool:
     q = weight.qweight
     return (
         int4_wgmma is not None
-        and q.device.type == "cuda"
-        and torch.cuda.get_device_capability(q.device)[0] >= 9
+        and is_sm90(q.device)
         and (n > 8192 or k >= 8192)
         and n % 8 == 0
         and k % FRAG_TILE_K == 0

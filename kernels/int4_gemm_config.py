@@ -8,6 +8,7 @@ BENCHMARKS.md, "INT4 GEMM").
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -211,6 +212,7 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     return _wide_swap(m, frag=True)
 
 
+@functools.lru_cache(maxsize=8192)  # launchers ask on every eager call
 def choose_config(
     m: int, n: int, k: int, group_size: int, device: torch.device, frag: bool = False
 ) -> Int4GemmConfig:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kernels.pdl import is_sm90
+
 FRAG_TILE_K = 128  # K columns per tile of the fragment order (``frag_order``)
 
 
@@ -163,9 +165,8 @@ def tma_tiles_ok(x: torch.Tensor, weight: Int4Weight, block_k: int) -> bool:
     GPU, tiles within one quantization group, and rows TMA can address (unit inner stride,
     16-byte aligned bases and row strides)."""
     return (
-        x.device.type == "cuda"
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and torch.cuda.get_device_capability(x.device)[0] >= 9
+        x.dtype in (torch.float16, torch.bfloat16)
+        and is_sm90(x.device)
         and weight.group_size % block_k == 0
         and x.stride(1) == 1
         and weight.qweight.stride(1) == 1

@@ -53,6 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import FRAG_TILE_K, Int4Weight, tma_tiles_ok
+from kernels.launch import FastLaunch
 from kernels.split_k import split_k_output
 
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -587,6 +588,10 @@ def _int4_wgmma_swap_kernel(
                    stride_out_m, MODE)  # fmt: skip
 
 
+# eager launches of the swapped kernel skip Triton's per-call binding (``kernels.launch``)
+_SWAP_LAUNCH = FastLaunch(_int4_wgmma_swap_kernel)
+
+
 @functools.cache
 def _fragment_words_layout(
     block_n: int, words: int, num_warps: int, row: bool = False
@@ -754,33 +759,39 @@ def int4_wgmma_swap(
     last_tiles = triton.cdiv(k - (num_splits - 1) * k_per_split, block_k)
     pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
-    _int4_wgmma_swap_kernel[(num_tiles, num_splits)](
-        TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
-        TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
-        TensorDescriptor.from_tensor(weight.scales, [1, block_n], _row_layout(weight.scales.dtype)),
-        TensorDescriptor.from_tensor(
+    group_tiles = 0 if g == k else g // block_k
+    # every constexpr argument, the compile options and the descriptors' types follow from it
+    key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
+           group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype)  # fmt: skip
+    args = {
+        "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
+        "qw_desc": TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
+        "s_desc": TensorDescriptor.from_tensor(
+            weight.scales, [1, block_n], _row_layout(weight.scales.dtype)
+        ),
+        "o_desc": TensorDescriptor.from_tensor(
             weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
         ),
-        out,
-        ws,
-        locks,
-        m,
-        n,
-        k,
-        k_per_split,
-        num_splits,
-        out.stride(0),
-        L3=(_frag_words_layout if frag else _fragment_words_layout)(
+        "out_ptr": out,
+        "ws_ptr": ws,
+        "lock_ptr": locks,
+        "M": m,
+        "N": n,
+        "K": k,
+        "k_per_split": k_per_split,
+        "num_splits": num_splits,
+        "stride_out_m": out.stride(0),
+        "L3": (_frag_words_layout if frag else _fragment_words_layout)(
             block_n, block_k // 8, num_warps
         ),
-        S_LAYOUT=_fragment_words_layout(block_n, 1, num_warps, row=True),
-        GROUP_TILES=0 if g == k else g // block_k,
-        MODE=mode,
-        NUM_STAGES=num_stages,
-        SPECIALIZED=specialized,
-        FRAG=frag,
-        num_warps=num_warps,
-        PARTS=parts,
-        PIPE=pipe,
-    )
+        "S_LAYOUT": _fragment_words_layout(block_n, 1, num_warps, row=True),
+        "GROUP_TILES": group_tiles,
+        "MODE": mode,
+        "NUM_STAGES": num_stages,
+        "SPECIALIZED": specialized,
+        "FRAG": frag,
+        "PARTS": parts,
+        "PIPE": pipe,
+    }
+    _SWAP_LAUNCH((num_tiles, num_splits), key, args, num_warps=num_warps)
     return out.to(x.dtype) if mode == 1 else out

@@ -19,9 +19,15 @@ def _capability_major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
-def has_pdl(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
+def is_sm90(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device of compute capability 9.0 or up (Hopper: wgmma,
+    TMA, PDL); the capability is looked up once per device, as launchers ask on every call."""
     if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _capability_major(index) >= 9
+
+
+def has_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
+    return is_sm90(device)

@@ -221,6 +221,29 @@ def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
         int4_wgmma_swap(x, words, 16, 64, 128, 1, 2, 4, pipe=True)
 
 
+def test_swap_eager_launches_from_the_cache():
+    """Eager calls after the first of a specialization launch the compiled kernel directly
+    (``kernels.launch.FastLaunch``): one cache entry per specialization (M = 16 and 17 differ
+    in Triton's divisibility specialization of M and of the output's row stride), and the
+    cached launches agree with the reference and bitwise with the first call."""
+    from kernels.int4_wgmma import _SWAP_LAUNCH
+
+    weight = random_weight(1000 + 40, 1024, 128, seed=19)
+    tiles = (16, 64, 128, 2, 4, 4)
+    for m in (16, 17):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        before = len(_SWAP_LAUNCH.kernels)
+        first = int4_wgmma_swap(x, weight, *tiles)
+        added = len(_SWAP_LAUNCH.kernels) - before
+        assert added <= 1, added
+        for _ in range(3):
+            again = int4_wgmma_swap(x, weight, *tiles)
+            assert torch.equal(again, first), f"M={m}: a cached launch differs"
+        assert len(_SWAP_LAUNCH.kernels) == before + added, "a repeated call was not a hit"
+        assert_close(first, int4_gemm_ref(x, weight), torch.bfloat16, f"cached launch M={m}")
+    assert _SWAP_LAUNCH.fast
+
+
 @pytest.mark.parametrize("frag", [True, False], ids=["frag", "canonical"])
 def test_swap_parts_for_measurement(frag):
     """``parts`` (bench_int4_parts.py): 1 multiplies x by ones instead of the weight (every
