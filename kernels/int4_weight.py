@@ -6,7 +6,7 @@ Concatenation along N (fused ``qkv_proj``, ``gate_up_proj``) and slicing on grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -31,6 +31,9 @@ class Int4Weight:
     group_size: int
     in_perm: torch.Tensor | None = None
     frag: bool = False
+    # Launchers' per-weight memo (the TMA descriptors of its tensors, by tile): built on the
+    # first eager call of a tiling, so later calls skip it; a new weight starts empty.
+    memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.qweight.dtype != torch.int32 or self.qweight.dim() != 2:

@@ -588,6 +588,11 @@ def _int4_wgmma_swap_kernel(
                    stride_out_m, MODE)  # fmt: skip
 
 
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division on the host (``triton.cdiv`` costs a JIT-callable dispatch per call)."""
+    return (a + b - 1) // b
+
+
 # eager launches of the swapped kernel skip Triton's per-call binding (``kernels.launch``)
 _SWAP_LAUNCH = FastLaunch(_int4_wgmma_swap_kernel)
 
@@ -753,11 +758,24 @@ def int4_wgmma_swap(
     if frag and block_k != FRAG_TILE_K:
         raise ValueError(f"fragment-ordered words need block_k={FRAG_TILE_K}, got {block_k}")
     x_layout, q_layout, _ = _shared_layouts(x.dtype, block_m, block_n, block_k)
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    num_splits = triton.cdiv(k, k_per_split)
-    num_tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    last_tiles = triton.cdiv(k - (num_splits - 1) * k_per_split, block_k)
+    k_per_split = _cdiv(_cdiv(k, split_k), block_k) * block_k
+    num_splits = _cdiv(k, k_per_split)
+    num_tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
+    last_tiles = _cdiv(k - (num_splits - 1) * k_per_split, block_k)
     pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
+    # the weight's descriptors, built once per tiling (``Int4Weight.memo``)
+    descs = weight.memo.get(("swap", block_n, block_k))
+    if descs is None:
+        descs = (
+            TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
+            TensorDescriptor.from_tensor(
+                weight.scales, [1, block_n], _row_layout(weight.scales.dtype)
+            ),
+            TensorDescriptor.from_tensor(
+                weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
+            ),
+        )
+        weight.memo["swap", block_n, block_k] = descs
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     group_tiles = 0 if g == k else g // block_k
     # every constexpr argument, the compile options and the descriptors' types follow from it
@@ -765,13 +783,9 @@ def int4_wgmma_swap(
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
-        "qw_desc": TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
-        "s_desc": TensorDescriptor.from_tensor(
-            weight.scales, [1, block_n], _row_layout(weight.scales.dtype)
-        ),
-        "o_desc": TensorDescriptor.from_tensor(
-            weight.offsets, [1, block_n], _row_layout(weight.offsets.dtype)
-        ),
+        "qw_desc": descs[0],
+        "s_desc": descs[1],
+        "o_desc": descs[2],
         "out_ptr": out,
         "ws_ptr": ws,
         "lock_ptr": locks,
