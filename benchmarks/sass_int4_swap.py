@@ -8,6 +8,9 @@ Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, the
 
 Tiles: wgmma N = ROWS (default 8 and 16), 128 weight rows, K tiles of 128, 4 warps, 4 stages,
 bf16, no split (the table's tiling for wide weights at M = 1 and 16).
+
+``--race`` instead checks the table's large-M tilings, with and without two wgmmas in flight
+(``pipe``), for writes to an in-flight wgmma's register operand (``inflight_operand_writes``).
 """
 
 from __future__ import annotations
@@ -34,20 +37,28 @@ from kernels import int4_wgmma as W  # noqa: E402
 BLOCK_N, BLOCK_K, WARPS, STAGES = 128, 128, 4, 4
 
 
-def compile_swap(rows: int, frag: bool) -> bytes:
+def compile_swap(
+    rows: int,
+    frag: bool,
+    block_n: int = BLOCK_N,
+    stages: int = STAGES,
+    warps: int = WARPS,
+    specialized: bool = False,
+    pipe: bool = False,
+) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
     dtype = torch.bfloat16
     x = torch.empty(64, 4096, dtype=dtype)
     q = torch.empty(28672, 512, dtype=torch.int32)
     s = torch.empty(32, 28672, dtype=dtype)
-    x_layout, q_layout, _ = W._shared_layouts(dtype, rows, BLOCK_N, BLOCK_K)
+    x_layout, q_layout, _ = W._shared_layouts(dtype, rows, block_n, BLOCK_K)
     row = W._row_layout(dtype)
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [rows, BLOCK_K], x_layout),
-        "qw_desc": TensorDescriptor.from_tensor(q, [BLOCK_N, BLOCK_K // 8], q_layout),
-        "s_desc": TensorDescriptor.from_tensor(s, [1, BLOCK_N], row),
-        "o_desc": TensorDescriptor.from_tensor(s, [1, BLOCK_N], row),
+        "qw_desc": TensorDescriptor.from_tensor(q, [block_n, BLOCK_K // 8], q_layout),
+        "s_desc": TensorDescriptor.from_tensor(s, [1, block_n], row),
+        "o_desc": TensorDescriptor.from_tensor(s, [1, block_n], row),
         "out_ptr": torch.empty(1, dtype=dtype),
         "ws_ptr": torch.empty(1, dtype=torch.float32),
         "lock_ptr": torch.empty(1, dtype=torch.int32),
@@ -55,15 +66,16 @@ def compile_swap(rows: int, frag: bool) -> bytes:
     }
     words = W._frag_words_layout if frag else W._fragment_words_layout
     constexprs = {
-        "L3": words(BLOCK_N, BLOCK_K // 8, WARPS),
-        "S_LAYOUT": W._fragment_words_layout(BLOCK_N, 1, WARPS, row=True),
+        "L3": words(block_n, BLOCK_K // 8, warps),
+        "S_LAYOUT": W._fragment_words_layout(block_n, 1, warps, row=True),
         "GROUP_TILES": 1,
         "MODE": 0,
-        "NUM_STAGES": STAGES,
-        "SPECIALIZED": False,
+        "NUM_STAGES": stages,
+        "SPECIALIZED": specialized,
         "FRAG": frag,
         "PARTS": 0,
-        "num_warps": WARPS,
+        "PIPE": pipe,
+        "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel
     signature, values = {}, {}
@@ -75,10 +87,73 @@ def compile_swap(rows: int, frag: bool) -> bytes:
             signature[name] = mangle_type(args[name])
     source = GluonASTSource(kernel, signature, values, {})
     target = GPUTarget("cuda", 90, 32)
-    return triton.compile(source, target=target, options={"num_warps": WARPS}).asm["cubin"]
+    return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
+
+
+def inflight_operand_writes(cubin: bytes) -> list[str]:
+    """Instructions of the K loop (walked twice, for the back edge) that write a register an
+    HGMMA still in flight reads as its A operand: a wgmma reads its register operand
+    asynchronously, so such a write (a loop-carried operand moved into place, say) races with
+    it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, n``."""
+    sass = cuobjdump(cubin, "-sass")
+    insts = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
+    ]
+    body = None
+    for addr, text in insts:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loop = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any("HGMMA" in t for t in loop) and (body is None or len(loop) < len(body)):
+                body = loop
+    groups: list[set[int]] = []  # A registers of each HGMMA group in flight, oldest first
+    pending: list[int] = []
+    races = []
+    for text in (body or []) * 2:
+        op = re.sub(r"^@!?U?P\w+\s+", "", text)
+        if op.startswith("HGMMA"):
+            first = int(re.search(r"HGMMA\S*\s+R\d+,\s*R(\d+)", op).group(1))
+            pending += range(first, first + 4)
+            if "gsb0" in op:  # the group's last HGMMA
+                groups.append(set(pending))
+                pending = []
+            continue
+        wait = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", op)
+        if wait:
+            keep = int(wait.group(1))
+            groups = groups[len(groups) - keep :] if keep else []
+            continue
+        dest = re.match(r"[A-Z][\w.]*\s+R(\d+)", op)
+        if dest and not op.startswith(("ST", "RED", "ATOM")) and groups:
+            reg = int(dest.group(1))
+            width = 2 if ".64" in op.split()[0] else 1
+            if any(r in set().union(*groups) for r in range(reg, reg + width)):
+                races.append(op)
+    return races
+
+
+def check_races() -> None:
+    """``--race``: the two-wgmmas-in-flight loop (``pipe``) on the table's tilings must never
+    write an in-flight wgmma's operand registers (the check flags the loop-carried form the
+    first version had: 32 moves into the operand of the wgmma still running)."""
+    tilings = [(256, 128, 3, 8, True), (256, 128, 3, 8, False), (128, 64, 3, 4, False),
+               (128, 64, 4, 4, True), (64, 64, 4, 4, False), (16, 64, 4, 4, False)]  # fmt: skip
+    for rows, block_n, stages, warps, specialized in tilings:
+        for frag in (False, True):
+            for pipe in (False, True):
+                cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe)
+                races = inflight_operand_writes(cubin)
+                print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
+                      f"{'specialized' if specialized else 'plain'}, "
+                      f"{'fragment' if frag else 'canonical'}, pipe={pipe}: "
+                      f"{len(races)} writes to in-flight operands {races[:3]}")  # fmt: skip
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--race"]:
+        check_races()
+        return
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
         for frag in (False, True):
             cubin = compile_swap(rows, frag)
