@@ -29,8 +29,10 @@ registers: ``tl.dot`` on a decoded tile waits for each MMA before the next decod
 
 Measured on the H200 (BENCHMARKS.md): the overlap is partial. With a stage left out, the
 decode alone and the products alone each take about as long as cuBLAS bf16 for the whole
-GEMM, and the kernel takes about 1.4x that. It ships for M <= 256 on wide weights, where it
-beats the Triton kernels; at M = 1024 dequantize + cuBLAS stays faster.
+GEMM, and the kernel takes about 1.4x that. The table now takes it only for groups of 64
+(K tiles of 64) on wide weights at 64 < M <= 256; with groups of 128 or more the swapped
+kernel, with two wgmmas in flight (``PIPE``), runs at large M too
+(``int4_gemm_config._large_config``).
 """
 
 from __future__ import annotations
