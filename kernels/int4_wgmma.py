@@ -479,13 +479,9 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
         # every warp is past its wait and has read its words of tile kt (decoded one step
         # earlier) before the slot is refilled with tile kt + NUM_STAGES
-        gl.thread_barrier()
-        if SPECIALIZED:
-            mbarrier.arrive(empty.index(kt % NUM_STAGES))
-        else:
-            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                             GROUP_TILES)  # fmt: skip
+        _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                      empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                      SPECIALIZED)  # fmt: skip
         a = a_next
     return (acc,)
 
