@@ -27,8 +27,19 @@ def redis_list_keys(queue: str) -> list[str]:
 
 
 def inflight_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
-    """Redis hash of chunks being worked on (Celery task id -> lane); KEDA counts it too."""
+    """Redis hash of chunks being worked on (Celery task id -> lane); KEDA counts it (HLEN)."""
     return f"{prefix}.inflight"
+
+
+def inflight_owners_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis hash of the worker holding each in-flight entry (Celery task id -> worker id);
+    written in the same transaction as ``inflight_key``."""
+    return f"{prefix}.inflight.owners"
+
+
+def worker_lease_key(worker_id: str, prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis string that exists (with a TTL its worker keeps refreshing) while it lives."""
+    return f"{prefix}.lease.{worker_id}"
 
 
 def dead_letter_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:

@@ -178,6 +178,9 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     # kombu loses a message popped by a worker killed before it recorded it as unacked; the
     # sweeper sends such chunks again (worker/recovery.py).
     sweeper = LostChunkSweeper(rt, app.send_task, rt.settings.lost_chunk_sweep_interval_s)
+    # In-flight entries of workers killed outright expire with their lease; their chunks go
+    # back to the queues at once (worker/inflight.py).
+    rt.inflight.restore = _restorer(app)
 
     def on_init(sender: Any = None, **_: Any) -> None:
         if not _belongs_to(sender, app):
@@ -195,6 +198,7 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         normal = queue_name("normal", rt.settings.queue_prefix)
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
         sweeper.start()
+        rt.inflight.start()
         rt.metrics.worker_ready.set(1)
 
     def on_shutting_down(**_: Any) -> None:  # warm shutdown (SIGTERM not remapped) too
@@ -203,6 +207,7 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         sweeper.stop()
 
     def on_shutdown(**_: Any) -> None:  # the pool has stopped: stop the engine (and its ranks)
+        rt.inflight.stop()  # no chunk runs any more; the lease goes
         if rt.loop is not None:
             rt.loop.shutdown()
 
@@ -210,6 +215,20 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     signals.worker_shutdown.connect(on_shutdown, weak=False)
     signals.worker_ready.connect(on_ready, weak=False)
     signals.worker_shutting_down.connect(on_shutting_down, weak=False)
+
+
+def _restorer(app: Celery) -> Any:
+    """Hand messages (delivery tags in kombu's ``unacked``) back to the front of their queues,
+    with kombu's own restore, as the visibility timeout would (a WATCH transaction: a restore
+    racing another moves each message once)."""
+
+    def restore(tags: list[str]) -> None:
+        with app.connection_for_write() as conn:
+            qos = conn.default_channel.qos
+            for tag in tags:
+                qos.restore_by_tag(tag, leftmost=False)
+
+    return restore
 
 
 def _belongs_to(sender: Any, app: Celery) -> bool:

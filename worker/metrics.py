@@ -75,6 +75,12 @@ class WorkerMetrics:
             "Chunk messages sent again: no queue and no worker held them (worker/recovery.py)",
             registry=r,
         )  # fmt: skip
+        self.chunks_reclaimed = Counter(
+            "tidal_chunks_reclaimed_total",
+            "Chunk messages handed back to their queue: their worker's lease expired "
+            "(worker/inflight.py)",
+            registry=r,
+        )  # fmt: skip
         self.worker_ready = Gauge("tidal_worker_ready", "1 once warm and consuming", registry=r)
         self.warmup_duration = Gauge(
             "tidal_warmup_duration_seconds", "Load + compile + first generation", registry=r

@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 from producer.jobs import JobStore
-from producer.queues import inflight_key, queue_name
+from producer.queues import queue_name
 from producer.storage import Storage, open_storage
+from worker.inflight import InflightLeases
 from worker.lanes import LaneController
 from worker.metrics import WorkerMetrics
 from worker.settings import WorkerSettings
@@ -33,7 +34,10 @@ class WorkerRuntime:
             settings.broker_url, socket_timeout=30, socket_connect_timeout=10
         )
         self.jobs = JobStore(self.redis, settings.queue_prefix, settings.job_ttl_s)
-        self.inflight_key = inflight_key(settings.queue_prefix)
+        # tidal.inflight entries (KEDA counts them), owned under a lease (worker/inflight.py)
+        self.inflight = InflightLeases(
+            self.redis, settings.queue_prefix, settings.inflight_lease_s, self.metrics
+        )
         self.engine: Any = None
         self.loop: Any = None
         self.lanes = LaneController(
@@ -100,11 +104,11 @@ class WorkerRuntime:
 
     def chunk_started(self, task_id: str, lane: str) -> None:
         self.lanes.started(task_id, lane)
-        self._safe(lambda: self.redis.hset(self.inflight_key, task_id, lane))
+        self.inflight.started(task_id, lane)
 
     def chunk_finished(self, task_id: str) -> None:
         self.lanes.finished(task_id)
-        self._safe(lambda: self.redis.hdel(self.inflight_key, task_id))
+        self.inflight.finished(task_id)
 
     def abandon_after(self, delay_s: float) -> None:
         """Soft shutdown: after ``delay_s`` abort running chunks and hand them back."""
@@ -117,10 +121,3 @@ class WorkerRuntime:
         timer = threading.Timer(max(0.0, delay_s), abandon)
         timer.daemon = True
         timer.start()
-
-    @staticmethod
-    def _safe(fn) -> None:
-        try:
-            fn()
-        except Exception as exc:  # bookkeeping for KEDA must never fail a chunk
-            logger.warning("in-flight bookkeeping failed: %s", exc)

@@ -48,6 +48,10 @@ class WorkerSettings(ProducerSettings):
     # no queue and no unacked hash: one worker per interval looks for such chunks and sends
     # them again after two sweeps in a row (worker/recovery.py).
     lost_chunk_sweep_interval_s: float = Field(default=60.0, gt=0)
+    # Each worker's in-flight entries (counted by KEDA) live under a lease it refreshes every
+    # lease/4; every lease one worker removes the entries of workers whose lease expired (a
+    # SIGKILL) and hands their chunks back to the queues (worker/inflight.py).
+    inflight_lease_s: float = Field(default=60.0, gt=0)
     chunk_max_retries: int = Field(default=5, ge=0)
     chunk_retry_backoff_s: float = Field(default=2.0, ge=0)
     chunk_retry_backoff_max_s: float = Field(default=120.0, ge=0)

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from producer.jobs import RUN_CHUNK_TASK, JobState
-from producer.queues import dead_letter_key, inflight_key, job_chunks_key
+from producer.queues import dead_letter_key, inflight_key, inflight_owners_key, job_chunks_key
 from producer.storage import PermanentStorageError
 from tests.worker.conftest import free_port, wait_for, worker_env
 from tests.worker.faulty_engine_worker import FAULT_MESSAGE
@@ -29,6 +29,7 @@ from tests.worker.jobcheck import (
     where_chunks_are,
 )
 from tests.worker.s3_fault_proxy import S3FaultProxy
+from worker.inflight import InflightLeases
 from worker.tasks import EXIT_ENGINE_DEAD
 
 pytestmark = pytest.mark.slow
@@ -38,6 +39,7 @@ FAST_RECOVERY = {
     "TIDAL_UNACKED_RESTORE_INTERVAL_S": "1",
     "TIDAL_UNACKED_RESTORE_THROTTLE": "1",
     "TIDAL_LOST_CHUNK_SWEEP_INTERVAL_S": "1",
+    "TIDAL_INFLIGHT_LEASE_S": "2",
 }
 
 
@@ -73,6 +75,66 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
                            f"second worker:\n{second.tail(20000)}") from exc  # fmt: skip
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
+    wait_for(lambda: client.redis.hlen(inflight_key()) == 0, 10, "no chunk left in flight")
+
+
+def test_kill_9_in_flight_entries_expire_with_the_lease_live_ones_stay(
+    redis_server, s3_endpoint, tiny_model_dir, start_worker, tmp_path
+):
+    # KEDA counts tidal.inflight; a worker killed outright never removes its entries. Both
+    # workers here hold their chunks (started, recorded in flight) until a file appears, so
+    # the live one's entries are older than many leases when the killed one's expire. The
+    # visibility timeout is hours: only the lease can bring the killed worker's chunks back.
+    client = make_client(redis_server.url, s3_endpoint)
+    handle, lines = submit(client, tmp_path, num_lines=48, max_tokens=4)  # 6 chunks
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, TIDAL_INFLIGHT_LEASE_S="2")
+    never, release = tmp_path / "never", tmp_path / "release"
+    entries = lambda: {t.decode() for t in client.redis.hkeys(inflight_key())}  # noqa: E731
+
+    killed = start_worker(env, launcher=["-m", "tests.worker.held_chunk_worker", str(never)])
+    killed.wait_ready()
+    killed_chunks = wait_for(lambda: len(entries()) == 2 and entries(), 60, "2 chunks held")
+    live = start_worker(
+        {**env, "TIDAL_METRICS_PORT": str(free_port())},
+        launcher=["-m", "tests.worker.held_chunk_worker", str(release)],
+    )
+    live.wait_ready()
+    wait_for(lambda: len(entries()) == 4, 60, "2 more chunks held")
+    live_chunks = entries() - killed_chunks
+    killed.stop(signal.SIGKILL)
+    assert entries() == killed_chunks | live_chunks  # what KEDA counted after the kill
+
+    def killed_entries_gone() -> bool:
+        now = entries()
+        assert live_chunks <= now, f"a live worker's entry was removed:\n{live.tail()}"
+        return not now & killed_chunks
+
+    try:
+        wait_for(killed_entries_gone, 20, "the killed worker's entries to expire", 0.05)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: in flight {client.redis.hgetall(inflight_key())}\n"
+                           f"{where_chunks_are(client, handle.job_id)}") from exc  # fmt: skip
+    # Three more leases while the live worker holds on. A worker never sweeps its own entries,
+    # so sweep from here too (the product's sweep, as any other worker would run it; it takes
+    # the lock before the live worker's next turn): the live worker's heartbeats must keep it.
+    other = InflightLeases(client.redis, "tidal", 2.0)
+    num_other_sweeps, end = 0, time.monotonic() + 3 * 2
+    while time.monotonic() < end:
+        was_locked = client.redis.exists(other.sweep_lock_key)
+        other.sweep()
+        took_lock = client.redis.get(other.sweep_lock_key) == other.worker_id.encode()
+        num_other_sweeps += not was_locked and took_lock
+        killed_entries_gone()
+        time.sleep(0.05)
+    assert num_other_sweeps >= 2
+    assert "handed 2 chunk message(s) back to their queues" in live.tail(50000)
+
+    release.touch()
+    client.wait(handle.job_id, timeout_s=120)
+    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
+    assert status.num_duplicates == 0, status  # the killed worker's chunks never ran
+    wait_for(lambda: not entries(), 10, "no chunk left in flight")
+    assert client.redis.hlen(inflight_owners_key()) == 0
 
 
 def test_kill_9_while_fetching_a_chunk(

@@ -27,7 +27,7 @@ METRIC_NAMES = {
     "tidal_queue_wait_seconds", "tidal_engine_requests_running", "tidal_engine_requests_waiting",
     "tidal_kv_cache_usage_ratio", "tidal_preemptions_total", "tidal_prefix_cache_queries_total",
     "tidal_prefix_cache_hits_total", "tidal_chunk_duplicates_total", "tidal_worker_ready",
-    "tidal_warmup_duration_seconds", "tidal_chunks_resent_total",
+    "tidal_warmup_duration_seconds", "tidal_chunks_resent_total", "tidal_chunks_reclaimed_total",
 }  # fmt: skip
 
 
@@ -165,6 +165,7 @@ def test_warmup_task_and_metrics_after_a_job(
     )
     assert s[("tidal_chunk_duplicates_total", ())] == 0
     assert s[("tidal_chunks_resent_total", ())] == 0
+    assert s[("tidal_chunks_reclaimed_total", ())] == 0
 
     # Poison messages are dead-lettered, never run or retried: a pickle message (JSON only)
     # and a body that is not JSON at all.
