@@ -43,6 +43,15 @@ FAST_RECOVERY = {
 }
 
 
+def wait_explained(client, job_id: str, timeout_s: float, **workers) -> None:
+    """``client.wait``; on a timeout, where each chunk is and every named worker's log tail."""
+    try:
+        client.wait(job_id, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        logs = "\n".join(f"{name} worker:\n{w.tail(20000)}" for name, w in workers.items())
+        raise TimeoutError(f"{exc}\n{where_chunks_are(client, job_id)}\n{logs}") from exc
+
+
 def _mid_job(client, job_id: str, min_chunks: int = 1):
     """Wait until some chunks are done and others are running; return that status."""
 
@@ -67,12 +76,7 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
     assert client.status(handle.job_id).state != JobState.COMPLETED
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
-    try:
-        client.wait(handle.job_id, timeout_s=300)
-    except TimeoutError as exc:
-        state = where_chunks_are(client, handle.job_id)
-        raise TimeoutError(f"{exc}\n{state}\nfirst worker:\n{first.tail(20000)}\n"
-                           f"second worker:\n{second.tail(20000)}") from exc  # fmt: skip
+    wait_explained(client, handle.job_id, 300, first=first, second=second)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
     wait_for(lambda: client.redis.hlen(inflight_key()) == 0, 10, "no chunk left in flight")
@@ -160,11 +164,7 @@ def test_kill_9_while_fetching_a_chunk(
 
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
-    try:
-        client.wait(handle.job_id, timeout_s=120)
-    except TimeoutError as exc:
-        state = where_chunks_are(client, handle.job_id)
-        raise TimeoutError(f"{exc}\n{state}\n{second.tail(20000)}") from exc
+    wait_explained(client, handle.job_id, 120, second=second)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates == 0, status  # the lost chunk had never run
     assert "was in no queue and held by no worker" in second.tail(50000)
@@ -260,10 +260,8 @@ def test_redis_restart_mid_job(redis_server, s3_endpoint, tiny_model_dir, start_
     worker.wait_ready()
     _mid_job(client, handle.job_id)
     redis_server.restart()  # same port and dir; AOF (fsync always) brings the data back
-    try:
-        client.wait(handle.job_id, timeout_s=300)
-    except TimeoutError as exc:  # seen once under a full CI run: keep the worker's side of it
-        raise TimeoutError(f"{exc}; worker log tail:\n{worker.tail(20000)}") from exc
+    # seen once timing out under a full CI run: keep the worker's side of it
+    wait_explained(client, handle.job_id, 300, worker=worker)
     check_exactly_once(client, handle.job_id, lines, s3_endpoint)
 
 
