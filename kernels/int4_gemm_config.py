@@ -126,19 +126,20 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 # (programs over those that run at once) times one program's time, linear in K; dequantize +
 # cuBLAS is a fixed cost, the products at 760 TFLOP/s and 2.5 bytes per weight at 3.3 TB/s.
 # Over 28 measured (shape, M) points the model's pick was within 4% of the fastest of the three.
-# 2 per multiprocessor; in fragment order (a shorter decode) with two wgmmas in flight
+# The tilings: x tiles of 128 rows by 64 weight rows, two programs per multiprocessor (in
+# fragment order, a shorter decode, with two wgmmas in flight); 256 by 128, warp-specialized,
+# two wgmmas in flight, one program per multiprocessor.
 _LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
 _LARGE_PLAIN_FRAG = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True)
 _LARGE_WIDE = Int4GemmConfig(
     "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True
-)  # one per multiprocessor
+)
 
-
-# Wide weights at 64 < M <= 128, either word order: 64 weight rows, a 3-stage ring, two
-# programs per multiprocessor, not warp-specialized (seventh session of 2026-11-30: 60.0 /
-# 60.6 us on 4096 x 28672 at M = 128 against 73.0 / 64.5 for the previous warp-specialized
-# tilings, canonical / fragment order).
-_WIDE_128 = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
+# Wide weights at 64 < M <= 128, either word order: the same tiling as ``_LARGE_PLAIN``, 64
+# weight rows, a 3-stage ring, two programs per multiprocessor, not warp-specialized (seventh
+# session of 2026-11-30: 60.0 / 60.6 us on 4096 x 28672 at M = 128 against 73.0 / 64.5 for the
+# previous warp-specialized tilings, canonical / fragment order).
+_WIDE_128 = _LARGE_PLAIN
 
 
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
@@ -182,8 +183,9 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
 
 def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     """M > 256: ``_LARGE_PLAIN`` (``_LARGE_PLAIN_FRAG`` for fragment-ordered words: two
-    wgmmas in flight were 3-18% faster there and 4-14% slower on canonical words),
-    ``_LARGE_WIDE`` or dequantize + cuBLAS, by the cost model."""
+    wgmmas in flight were 0-14% faster there and 0-14% slower on canonical words, M = 256-2048
+    in the eighth session's sweeps), ``_LARGE_WIDE`` or dequantize + cuBLAS, by the cost
+    model."""
     plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
 
     def waves(cfg: Int4GemmConfig, per_sm: int) -> int:
