@@ -2,6 +2,11 @@
 
 A chunk is accounted for exactly once (a Redis set of chunk indices, updated in the same Lua
 script as the counters), so a redelivered chunk counts as a duplicate, never twice.
+
+Every job that is not yet terminal is a member of the set ``{prefix}.jobs.open``: added in the
+transaction that writes the record (and again by each chunk start, for jobs of producers that
+predate the set), removed in the one that makes it terminal. The worker's lost-chunk check
+reads it instead of scanning every job record (worker/recovery.py).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from producer.queues import job_chunks_key, job_key
+from producer.queues import job_chunks_key, job_key, open_jobs_key
 
 
 class JobState(StrEnum):
@@ -60,10 +65,14 @@ class JobStatus(BaseModel):
 
 _INT_FIELDS = {n for n, f in JobStatus.model_fields.items() if f.annotation is int}
 
-# KEYS: job hash, chunk set. ARGV: chunk index, succeeded, failed, cancelled, prompt tokens,
-# generated tokens, now, ttl. Returns {is_new (0/1), chunks done, chunks total, state}.
+# KEYS: job hash, chunk set, open-jobs set. ARGV: chunk index, succeeded, failed, cancelled,
+# prompt tokens, generated tokens, now, ttl, job id. Returns {is_new (0/1), chunks done,
+# chunks total, state}.
 _CHUNK_DONE_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0, 0, ''} end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('SREM', KEYS[3], ARGV[9])
+  return {-1, 0, 0, ''}
+end
 local is_new = redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[8])
 if is_new == 0 then
@@ -86,15 +95,24 @@ end
 if done >= total and redis.call('HEXISTS', KEYS[1], 'finished_at') == 0 then
   redis.call('HSET', KEYS[1], 'finished_at', ARGV[7])
 end
+if state ~= 'queued' and state ~= 'running' then
+  redis.call('SREM', KEYS[3], ARGV[9])
+end
 return {is_new, done, total, state}
 """
 
-# KEYS: job hash. ARGV: now. Moves queued -> running once.
+# KEYS: job hash, open-jobs set. ARGV: now, job id. Moves queued -> running once; an unfinished
+# job is (again) an open one: a job submitted by a producer that predates the set joins it here.
 _STARTED_LUA = """
-if redis.call('HGET', KEYS[1], 'state') == 'queued' then
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'queued' then
   redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[1])
+  state = 'running'
 end
-return redis.call('HGET', KEYS[1], 'state')
+if state == 'running' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+end
+return state
 """
 
 
@@ -111,9 +129,11 @@ class JobStore:
     def create(self, status: JobStatus) -> None:
         key = job_key(status.job_id, self.prefix)
         fields = {k: str(v) for k, v in status.model_dump(mode="json").items() if v is not None}
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline()  # MULTI: no record without its open-set entry
         pipe.hset(key, mapping=fields)
         pipe.expire(key, self.ttl_s)
+        if not status.state.is_terminal:
+            pipe.sadd(open_jobs_key(self.prefix), status.job_id)
         pipe.execute()
 
     def get(self, job_id: str) -> JobStatus | None:
@@ -126,7 +146,8 @@ class JobStore:
         return JobStatus.model_validate(fields)
 
     def mark_started(self, job_id: str) -> str | None:
-        state = self._started(keys=[job_key(job_id, self.prefix)], args=[time.time()])
+        keys = [job_key(job_id, self.prefix), open_jobs_key(self.prefix)]
+        state = self._started(keys=keys, args=[time.time(), job_id])
         return state.decode() if state else None
 
     def chunk_done(
@@ -142,10 +163,11 @@ class JobStore:
     ) -> tuple[bool, bool, str]:
         """Account for one chunk; returns (first time for this chunk, job finished, state)."""
         is_new, done, total, state = self._chunk_done(
-            keys=[job_key(job_id, self.prefix), job_chunks_key(job_id, self.prefix)],
+            keys=[job_key(job_id, self.prefix), job_chunks_key(job_id, self.prefix),
+                  open_jobs_key(self.prefix)],
             args=[
                 chunk_index, num_succeeded, num_failed, num_cancelled,
-                num_prompt_tokens, num_generated_tokens, time.time(), self.ttl_s,
+                num_prompt_tokens, num_generated_tokens, time.time(), self.ttl_s, job_id,
             ],
         )  # fmt: skip
         if is_new == -1:
@@ -161,7 +183,10 @@ class JobStore:
         fields = {"state": state.value}
         if error:
             fields["error"] = error
-        self.redis.hset(key, mapping=fields)
+        pipe = self.redis.pipeline()
+        pipe.hset(key, mapping=fields)
+        pipe.srem(open_jobs_key(self.prefix), job_id)
+        pipe.execute()
         return True
 
     def state(self, job_id: str) -> JobState | None:

@@ -42,6 +42,20 @@ def worker_lease_key(worker_id: str, prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
     return f"{prefix}.lease.{worker_id}"
 
 
+def worker_registry_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis hash of the workers that hold a lease (worker id -> time it first registered):
+    written with the lease, removed at a clean stop or by the sweep that finds the lease gone
+    (a worker death, worker/recovery.py)."""
+    return f"{prefix}.workers"
+
+
+def open_jobs_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
+    """Redis set of job ids not yet completed, failed or cancelled: added with the job record,
+    removed in the transaction that makes the job terminal (the lost-chunk check reads it
+    instead of scanning every job record)."""
+    return f"{prefix}.jobs.open"
+
+
 def dead_letter_key(prefix: str = DEFAULT_QUEUE_PREFIX) -> str:
     """Redis list of dead-letter records (JSON): undecodable messages, exhausted chunks."""
     return f"{prefix}.dead_letters"

@@ -175,9 +175,14 @@ def close_polling_channels(connection: Any) -> None:
 
 
 def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
-    # kombu loses a message popped by a worker killed before it recorded it as unacked; the
-    # sweeper sends such chunks again (worker/recovery.py).
-    sweeper = LostChunkSweeper(rt, app.send_task, rt.settings.lost_chunk_sweep_interval_s)
+    # kombu loses a message popped by a worker killed before it recorded it as unacked; after
+    # a worker death the sweeper finds such chunks and sends them again (worker/recovery.py).
+    sweeper = LostChunkSweeper(
+        rt,
+        app.send_task,
+        rt.settings.lost_chunk_sweep_interval_s,
+        rt.settings.lost_chunk_full_check_interval_s,
+    )
     # In-flight entries of workers killed outright expire with their lease; their chunks go
     # back to the queues at once (worker/inflight.py).
     rt.inflight.restore = _restorer(app)
@@ -185,10 +190,15 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
     def on_init(sender: Any = None, **_: Any) -> None:
         if not _belongs_to(sender, app):
             return
+        # Lease and registration before anything is consumed: a worker killed while fetching
+        # its very first message is then a death the lost-chunk sweep sees.
+        rt.inflight.heartbeat()
+        rt.inflight.start()
         try:
             rt.start()
         except Exception as exc:  # no engine, no worker: exit so the pod restarts visibly
             logger.critical("cannot start the engine: %s: %s", type(exc).__name__, exc)
+            rt.inflight.stop()
             raise SystemExit(1) from None
 
     def on_ready(sender: Any = None, **_: Any) -> None:

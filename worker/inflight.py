@@ -15,13 +15,18 @@ So every entry has an owner and every owner a lease:
   writes the worker's own entries again (under the same local lock as start and finish, so
   a finished chunk is never written back), so entries a sweep removed while the worker was
   cut off from Redis, or that a Redis restart lost, come back at its next heartbeat;
+- ``tidal.workers`` (worker id -> registration time) lists the workers that hold a lease,
+  written in the lease's transaction (the worker starts its heartbeat before it consumes) and
+  removed at a clean stop: a registered worker without a lease died, whether or not it had
+  entries, which is what the lost-chunk sweep looks for (``worker/recovery.py``);
 - every ``lease_s`` one worker (a Redis lock, as in ``worker/recovery.py``) looks for entries
   whose owner's lease is gone. It first hands the dead worker's messages back to the front of
   their queues, as kombu's own restore does (they wait in ``unacked`` otherwise, invisible to
   KEDA, until the visibility timeout, and a fleet scaled to zero would never restore them),
   then removes the entries in one script that checks again that the owner is still that
   worker and its lease still missing (a worker that took the chunk over keeps its entry).
-  Entries with no owner (written by a worker that predates leases) are removed too.
+  Entries with no owner (written by a worker that predates leases) are removed too. A dead
+  owner is also a worker death for the lost-chunk sweep (it may predate the registry).
 
 A worker whose heartbeat stalls longer than ``lease_s`` while it lives (a Redis partition)
 loses its entries until its next heartbeat and has its chunks run a second time elsewhere: a
@@ -40,8 +45,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from producer.queues import inflight_key, inflight_owners_key, worker_lease_key
-from worker.recovery import KOMBU_UNACKED_KEY
+from producer.queues import (
+    inflight_key,
+    inflight_owners_key,
+    worker_lease_key,
+    worker_registry_key,
+)
+from worker.recovery import KOMBU_UNACKED_KEY, note_worker_deaths
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +117,7 @@ class InflightLeases:
         self.owners_key = inflight_owners_key(prefix)
         self.lease_key = worker_lease_key(self.worker_id, prefix)
         self.lease_prefix = worker_lease_key("", prefix)
+        self.registry_key = worker_registry_key(prefix)
         self.sweep_lock_key = f"{prefix}.inflight_sweep"
         self.mine: dict[str, str] = {}  # task id -> lane, what this worker runs now
         self._lock = threading.Lock()  # orders start, finish and heartbeat writes
@@ -130,19 +141,23 @@ class InflightLeases:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and drop the lease: entries still here are now anyone's to sweep."""
+        """Stop the thread, drop the lease and deregister (a clean stop is no death): entries
+        still here are now anyone's to sweep."""
         self._stop.set()
         thread = self._thread
         if thread is not None:
             thread.join(timeout=5)
-        self._safe(lambda: self.redis.delete(self.lease_key))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.lease_key)
+        pipe.hdel(self.registry_key, self.worker_id)
+        self._safe(pipe.execute)
 
     def started(self, task_id: str, lane: str) -> None:
         self.start()  # a chunk may come before worker_ready: never an entry without a heartbeat
         with self._lock:
             self.mine[task_id] = lane
             pipe = self.redis.pipeline(transaction=True)
-            pipe.set(self.lease_key, "1", px=self.lease_ms)
+            self._lease(pipe)
             pipe.hset(self.key, task_id, lane)
             pipe.hset(self.owners_key, task_id, self.worker_id)
             self._safe(pipe.execute)
@@ -157,11 +172,16 @@ class InflightLeases:
         """Refresh the lease and write this worker's entries again; False if Redis failed."""
         with self._lock:
             pipe = self.redis.pipeline(transaction=True)
-            pipe.set(self.lease_key, "1", px=self.lease_ms)
+            self._lease(pipe)
             if self.mine:
                 pipe.hset(self.key, mapping=self.mine)
                 pipe.hset(self.owners_key, mapping=dict.fromkeys(self.mine, self.worker_id))
             return self._safe(pipe.execute)
+
+    def _lease(self, pipe: Any) -> None:
+        """Set the lease and register (in the caller's transaction: registered => leased)."""
+        pipe.set(self.lease_key, "1", px=self.lease_ms)
+        pipe.hsetnx(self.registry_key, self.worker_id, repr(time.time()))
 
     def sweep(self) -> list[str]:
         """One pass; returns the task ids whose entries it removed. At most one worker per
@@ -178,6 +198,8 @@ class InflightLeases:
             pipe.exists(worker_lease_key(worker_id, self.prefix))
         dead = {w for w, alive in zip(workers, pipe.execute(), strict=True) if not alive}
         dead.discard(self.worker_id)  # never its own: its lease is back at the next heartbeat
+        if dead:  # a worker killed while fetching may have lost a chunk (worker/recovery.py)
+            note_worker_deaths(r, self.prefix)
         expired = {t: w for t, w in owners.items() if w in dead}
         orphans = [t for t in entries if t not in owners]
         if not expired and not orphans:

@@ -75,6 +75,15 @@ class WorkerMetrics:
             "Chunk messages sent again: no queue and no worker held them (worker/recovery.py)",
             registry=r,
         )  # fmt: skip
+        self.lost_chunk_checks = Counter(
+            "tidal_lost_chunk_checks_total",
+            "Lost-chunk checks (paged read of every queue list) by what asked for one: "
+            "worker_death, confirmation (suspects of the last check) or safety_net",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("worker_death", "confirmation", "safety_net"):
+            self.lost_chunk_checks.labels(reason)
         self.chunks_reclaimed = Counter(
             "tidal_chunks_reclaimed_total",
             "Chunk messages handed back to their queue: their worker's lease expired "

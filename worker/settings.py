@@ -45,9 +45,13 @@ class WorkerSettings(ProducerSettings):
     unacked_restore_throttle: int = Field(default=10, ge=1)
     soft_shutdown_timeout_s: float = Field(default=20.0, ge=0)
     # A chunk whose message a dying worker had popped but not yet recorded as unacked is in
-    # no queue and no unacked hash: one worker per interval looks for such chunks and sends
-    # them again after two sweeps in a row (worker/recovery.py).
+    # no queue and no unacked hash. One worker per interval looks for worker deaths (expired
+    # leases); after one, it checks for such chunks (a paged read of the queues) and sends
+    # them again once missing in two checks in a row. Without a death, a full check runs
+    # only every full-check interval (a safety net: a Redis failover can drop a BRPOP reply
+    # too) (worker/recovery.py).
     lost_chunk_sweep_interval_s: float = Field(default=60.0, gt=0)
+    lost_chunk_full_check_interval_s: float = Field(default=6 * 3600.0, gt=0)
     # Each worker's in-flight entries (counted by KEDA) live under a lease it refreshes every
     # lease/4; every lease one worker removes the entries of workers whose lease expired (a
     # SIGKILL) and hands their chunks back to the queues (worker/inflight.py).

@@ -150,7 +150,11 @@ def test_kill_9_while_fetching_a_chunk(
     # SIGKILLs itself while fetching its third chunk message, after the first two started.
     client = make_client(redis_server.url, s3_endpoint)
     handle, lines = submit(client, tmp_path, num_lines=48, max_tokens=16)
-    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY)
+    # The safety-net full check ran just now and is not due for an hour: only the death of
+    # the first worker (its lease expires) can start the checks that find the lost chunk.
+    client.redis.set("tidal.lost_chunk_check.last_full", repr(time.time()))
+    env = worker_env(redis_server.url, s3_endpoint, tiny_model_dir, **FAST_RECOVERY,
+                     TIDAL_LOST_CHUNK_FULL_CHECK_INTERVAL_S="3600")  # fmt: skip
     first = start_worker(env, launcher=["-m", "tests.worker.lossy_fetch_worker", "3"])
     wait_for(lambda: first.proc.poll() is not None, 180, "the worker to die fetching a chunk")
     assert first.proc.returncode == -signal.SIGKILL, first.tail()
@@ -167,7 +171,10 @@ def test_kill_9_while_fetching_a_chunk(
     wait_explained(client, handle.job_id, 120, second=second)
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates == 0, status  # the lost chunk had never run
-    assert "was in no queue and held by no worker" in second.tail(50000)
+    log = second.tail(50000)
+    assert "died (lease expired): checking for lost chunks" in log, log
+    assert "was in no queue and held by no worker" in log
+    assert 'tidal_lost_chunk_checks_total{reason="safety_net"} 0.0' in second.metrics_text()
 
 
 def test_engine_crash_exits_without_ack_then_new_worker(

@@ -28,6 +28,7 @@ METRIC_NAMES = {
     "tidal_kv_cache_usage_ratio", "tidal_preemptions_total", "tidal_prefix_cache_queries_total",
     "tidal_prefix_cache_hits_total", "tidal_chunk_duplicates_total", "tidal_worker_ready",
     "tidal_warmup_duration_seconds", "tidal_chunks_resent_total", "tidal_chunks_reclaimed_total",
+    "tidal_lost_chunk_checks_total",
 }  # fmt: skip
 
 
