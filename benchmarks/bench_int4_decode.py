@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_int4_gemm import random_int4  # noqa: E402
-from bench_tp import SHAPES, decode_rate, write_model_dir  # noqa: E402
+from bench_tp import SHAPES, decode_rate, throughput, write_model_dir  # noqa: E402
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -43,22 +43,9 @@ def prefill_rate(engine, num: int, prompt_len: int, vocab: int, seed: int) -> fl
     """Prompt tokens/s of ``num`` prompts run to their first token (one output token each):
     the scheduler packs up to ``max_num_batched_tokens`` prompt tokens per step, so the
     linear layers run at M of that size. Each call needs its own ``seed``: prompts seen
-    before would come from the prefix cache instead of being computed."""
-    import random
-
-    from engine.sampling_params import SamplingParams
-
-    rng = random.Random(f"prefill-{seed}")
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    for i in range(num):
-        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
-        engine.add_request(f"p{seed}-{i}", prompt, params)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        engine.step()
-    torch.cuda.synchronize()
-    return num * prompt_len / (time.perf_counter() - start)
+    before (also the decode passes' shorter ones) would come from the prefix cache."""
+    result = throughput(engine, num, prompt_len, 1, vocab, seed=f"prefill-{seed}")
+    return num * prompt_len / result["throughput_s"]
 
 
 def swap_to_int4(model: torch.nn.Module) -> int:

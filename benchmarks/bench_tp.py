@@ -81,16 +81,20 @@ def decode_rate(engine, batch: int, prompt_len: int, num_decode: int, vocab: int
     return (batch * (num_decode + 1) - start_tokens) / elapsed
 
 
-def throughput(engine, num_requests: int, prompt_len: int, max_tokens: int, vocab: int) -> dict:
-    """A batch run to completion: output and total tokens/s."""
+def throughput(
+    engine, num_requests: int, prompt_len: int, max_tokens: int, vocab: int, seed: int | str = 0
+) -> dict:
+    """A batch run to completion: output and total tokens/s. The prompts are random from
+    ``seed``; a run on prompts the engine has seen is served by its prefix cache."""
     import random
 
     from engine.sampling_params import SamplingParams
 
-    rng = random.Random(0)
+    rng = random.Random(seed)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i in range(num_requests):
-        engine.add_request(f"t{i}", [rng.randrange(3, vocab) for _ in range(prompt_len)], params)
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        engine.add_request(f"t{seed}-{i}", prompt, params)
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
