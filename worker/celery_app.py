@@ -207,8 +207,7 @@ def _connect_signals(app: Celery, rt: WorkerRuntime) -> None:
         queues = set((app.amqp.queues.consume_from or {}).keys())
         normal = queue_name("normal", rt.settings.queue_prefix)
         rt.lanes.attach(app, sender, consumes_normal=normal in queues)
-        sweeper.start()
-        rt.inflight.start()
+        sweeper.start()  # the in-flight leases run since worker_init
         rt.metrics.worker_ready.set(1)
 
     def on_shutting_down(**_: Any) -> None:  # warm shutdown (SIGTERM not remapped) too
