@@ -140,7 +140,8 @@ def run_one(shape: str, tp: int, args) -> dict:
             rate = decode_rate(engine, batch, args.prompt_len, args.num_decode, vocab)
             result[f"decode_tok_per_s_b{batch}"] = rate
         if args.throughput:
-            throughput(engine, args.num_requests, args.prompt_len, 16, vocab)  # warm-up
+            # Warm-up on other prompts: the timed pass's prompts must not be in the prefix cache.
+            throughput(engine, args.num_requests, args.prompt_len, 16, vocab, seed="warm-up")
             result.update(throughput(engine, args.num_requests, args.prompt_len, 128, vocab))
     finally:
         engine.shutdown()
