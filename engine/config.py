@@ -25,8 +25,10 @@ class EngineConfig:
     ``model=None`` is the embedded default model. ``dtype="auto"`` is float32 on CPU and
     bfloat16 on CUDA. ``max_model_len=None`` takes the model's own limit. The KV cache size is
     ``kv_cache_memory_bytes`` when given, else ``gpu_memory_utilization`` of the GPU's memory
-    on CUDA (minus what the model took), else 1 GiB on CPU. On CUDA, decode steps replay
-    from CUDA graphs (``engine/cuda_graph.py``) unless ``enforce_eager`` is set.
+    on CUDA (minus what the model took), else 1 GiB on CPU. On CUDA, unless
+    ``enforce_eager`` is set, decode steps replay from CUDA graphs and other steps of up to
+    ``max_cudagraph_capture_size`` tokens from piecewise ones (``engine/cuda_graph.py``; 0:
+    those run eagerly).
     """
 
     model: str | None = None
@@ -41,6 +43,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     enforce_eager: bool = False
+    max_cudagraph_capture_size: int = 512
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "dummy": random weights, nothing read (benchmarks)
 
@@ -60,6 +63,11 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.max_cudagraph_capture_size < 0:
+            raise ValueError(
+                f"max_cudagraph_capture_size must be >= 0 (0: steps with prefill tokens run "
+                f"eagerly), got {self.max_cudagraph_capture_size}"
+            )
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

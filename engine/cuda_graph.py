@@ -1,4 +1,7 @@
-"""CUDA graphs of decode steps: one replay instead of hundreds of kernel launches.
+"""CUDA graphs of engine steps: a few replays instead of hundreds of kernel launches.
+
+Decode steps (``DecodeGraphs``) replay whole; steps with prefill tokens replay in pieces
+between the attention calls (``PiecewiseGraphs``, below).
 
 A decode-only step (every scheduled sequence adds one token) is padded to the next capture
 size (vLLM's: 1, 2, 4, then multiples of 8 up to 512) and replayed from a graph captured the
@@ -18,11 +21,14 @@ same size whose longest context picks the same count.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from engine.attention import AttentionMetadata
+from engine.ops import Ops
 
 CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
 
@@ -30,6 +36,14 @@ CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
 def capture_sizes(max_num_seqs: int) -> list[int]:
     """The padded batch sizes for an engine of ``max_num_seqs``: up to the first that holds it."""
     return CAPTURE_SIZES[: bisect.bisect_left(CAPTURE_SIZES, max_num_seqs) + 1]
+
+
+def token_capture_sizes(max_tokens: int) -> list[int]:
+    """The padded step sizes (tokens) of piecewise graphs: ``CAPTURE_SIZES``, then multiples
+    of 64, up to the first that holds ``max_tokens``."""
+    if max_tokens <= CAPTURE_SIZES[-1]:
+        return capture_sizes(max_tokens)
+    return [*CAPTURE_SIZES, *range(CAPTURE_SIZES[-1] + 64, max_tokens + 64, 64)]
 
 
 # forward(input_ids, positions, meta) -> final hidden states [num_tokens, hidden_size]
@@ -135,3 +149,167 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             hidden = self.forward(ids, pos, meta)
         return graph, hidden
+
+
+# forward(input_ids, positions, meta, ops) -> final hidden states, the layer ops given
+OpsForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, Ops], torch.Tensor]
+
+
+class PiecewiseGraphs:
+    """Steps with prefill tokens (chunks, extends, decodes mixed) of up to ``max_tokens``
+    tokens, replayed from CUDA graphs captured in pieces between the attention calls (vLLM's
+    piecewise CUDA graphs).
+
+    Everything in a layer but the attention kernel depends only on the number of tokens,
+    so a step is padded to the next capture size (``token_capture_sizes``) and
+    its linears, norms, rotary embedding and cache writes replay from one graph per piece:
+    from the embedding to the first attention, between consecutive attentions, and from the
+    last one to the final norm. The attention kernel, whose grid and tiles follow the step's
+    sequences, runs eagerly between the pieces on the real tokens only: each piece ends by
+    copying the rotated queries into a static buffer it reads, and the next piece starts
+    from the static buffer it writes. Padding tokens write no cache slot (slot -1) and are
+    never attended; they cost their rows of compute. The graphs of one size replay in the
+    order they were captured and no two sizes interleave, so all share one memory pool.
+
+    ``forward`` runs the model with the layer ops it is given; ``ops.paged_attention`` is
+    the eager attention.
+    """
+
+    def __init__(self, forward: OpsForward, ops: Ops, device: torch.device, max_tokens: int):
+        self.forward = forward
+        self.ops = ops
+        self.device = device
+        self.sizes = token_capture_sizes(max_tokens)
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        # [n, num_heads, head_dim] each, allocated at the first attention call
+        self.query: torch.Tensor | None = None
+        self.out: torch.Tensor | None = None
+        # size -> (piece graphs, the attention calls between them, final hidden states)
+        self.graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[tuple], torch.Tensor]] = {}
+        self.pool = None
+        self._split_ops = replace(ops, paged_attention=self._attention)
+        self._num_tokens = 0  # the real tokens of the step being run eagerly
+        self._capturing: tuple[list, list] | None = None  # (graphs, attention calls)
+
+    def padded_size(self, num_tokens: int) -> int | None:
+        """The capture size a step of ``num_tokens`` runs at, or None (run it eagerly)."""
+        if num_tokens > self.sizes[-1]:
+            return None
+        return self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
+
+    def run(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        meta: AttentionMetadata,
+        size: int,
+    ) -> torch.Tensor:
+        """Hidden states [size, hidden] of a step (rows past ``len(input_ids)`` are padding),
+        in the graphs' output buffer: valid until the next replay. ``meta`` is the step's
+        own (its ``slot_mapping`` is not read: the graphs read the static one)."""
+        n = len(input_ids)
+        host = torch.zeros((3, size), dtype=torch.int64)
+        host[0, :n] = torch.tensor(input_ids)
+        host[1, :n] = torch.tensor(positions)
+        host[2].fill_(-1)  # padding rows must write no slot: a stale one may be live
+        host[2, :n] = torch.tensor(slots)
+        host = host.to(self.device)
+        self.input_ids[:size].copy_(host[0])
+        self.positions[:size].copy_(host[1])
+        self.slot_mapping[:size].copy_(host[2])
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size, meta, n)
+        pieces, calls, hidden = self.graphs[size]
+        assert self.query is not None and self.out is not None
+        for graph, (key_cache, value_cache, scale, window) in zip(pieces[:-1], calls, strict=True):
+            graph.replay()
+            self.ops.paged_attention(
+                self.query[:n], key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
+                meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, window,
+                out=self.out[:n],
+            )  # fmt: skip
+        pieces[-1].replay()
+        return hidden
+
+    def clear(self) -> None:
+        """Drop every graph and their memory pool; later steps capture anew."""
+        self.graphs.clear()
+        self.pool = None
+
+    def _attention(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        scale: float,
+        max_query_len: int,
+        max_seq_len: int,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        """``ops.paged_attention`` as the model sees it while a size is run eagerly and then
+        captured: the queries go into the static buffer; eagerly the attention runs on the
+        real tokens, under capture the piece ends there and the next one begins."""
+        size = query.shape[0]
+        if self.query is None or self.query.shape[1:] != query.shape[1:]:
+            shape = (self.sizes[-1], *query.shape[1:])
+            self.query = torch.zeros(shape, dtype=query.dtype, device=self.device)
+            self.out = torch.zeros(shape, dtype=query.dtype, device=self.device)
+        assert self.out is not None
+        self.query[:size].copy_(query)
+        if self._capturing is None:
+            n = self._num_tokens
+            self.ops.paged_attention(
+                self.query[:n], key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                scale, max_query_len, max_seq_len, sliding_window, out=self.out[:n],
+            )  # fmt: skip
+        else:
+            pieces, calls = self._capturing
+            pieces[-1].capture_end()
+            calls.append((key_cache, value_cache, scale, sliding_window))
+            pieces.append(self._begin())
+        return self.out[:size]
+
+    def _begin(self) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (an engine loop's callers) may touch CUDA meanwhile.
+        graph.capture_begin(self.pool, capture_error_mode="thread_local")
+        return graph
+
+    def _capture(
+        self, size: int, meta: AttentionMetadata, num_tokens: int
+    ) -> tuple[list[torch.cuda.CUDAGraph], list[tuple], torch.Tensor]:
+        fwd_meta = replace(meta, slot_mapping=self.slot_mapping[:size])
+        ids, pos = self.input_ids[:size], self.positions[:size]
+        # One eager run first: Triton compiles outside the capture. It computes this very
+        # step (its cache writes are the ones the replay repeats).
+        self._num_tokens = num_tokens
+        self.forward(ids, pos, fwd_meta, self._split_ops)
+        torch.cuda.synchronize(self.device)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        pieces: list[torch.cuda.CUDAGraph] = []
+        calls: list[tuple] = []
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._capturing = (pieces, calls)
+        try:
+            with torch.cuda.stream(stream):
+                pieces.append(self._begin())
+                try:
+                    hidden = self.forward(ids, pos, fwd_meta, self._split_ops)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the stream must leave capture
+                        pieces[-1].capture_end()
+                    raise
+                pieces[-1].capture_end()
+        finally:
+            self._capturing = None
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        return pieces, calls, hidden

@@ -104,8 +104,10 @@ class LLMEngine:
             block_size=config.block_size,
             attention_backend=ops.name,
         )
-        if not config.enforce_eager:  # CUDA graphs for decode steps (a no-op on CPU)
-            self.runner.enable_cuda_graphs(config.max_num_seqs, max_model_len)
+        if not config.enforce_eager:  # CUDA graphs (a no-op on CPU)
+            self.runner.enable_cuda_graphs(
+                config.max_num_seqs, max_model_len, config.max_cudagraph_capture_size
+            )
         self.pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             KVCacheManager(self.pool, config.block_size),

@@ -14,7 +14,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
-from engine.cuda_graph import DecodeGraphs
+from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs
 from engine.distributed import TensorParallel
 from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
@@ -73,12 +73,21 @@ class ModelRunner:
             for _ in range(model.config.num_hidden_layers)
         ]
         self.graphs: DecodeGraphs | None = None  # enable_cuda_graphs
+        self.piecewise: PiecewiseGraphs | None = None
 
-    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Replay decode steps of up to ``max_num_seqs`` sequences from CUDA graphs
-        (``engine.cuda_graph``); on CPU and under tensor parallelism steps stay eager."""
+    def enable_cuda_graphs(
+        self, max_num_seqs: int, max_model_len: int, max_capture_tokens: int = 512
+    ) -> None:
+        """Replay decode steps of up to ``max_num_seqs`` sequences from CUDA graphs, and
+        other steps of up to ``max_capture_tokens`` tokens from piecewise ones (between the
+        attention calls; 0: none) (``engine.cuda_graph``); on CPU and under tensor
+        parallelism steps stay eager."""
         if self.device.type != "cuda" or self.tp.is_enabled:
             return
+        if max_capture_tokens > 0:
+            self.piecewise = PiecewiseGraphs(
+                self._hidden_states_with, self.ops, self.device, max_capture_tokens
+            )
         from kernels.paged_attention import default_num_kv_splits
 
         kv_heads = self.model.num_local_kv_heads
@@ -93,8 +102,9 @@ class ModelRunner:
 
     def reset_cuda_graphs(self) -> None:
         """Drop the captured graphs (after swapping modules, say); later steps capture anew."""
-        if self.graphs is not None:
-            self.graphs.clear()
+        for graphs in (self.graphs, self.piecewise):
+            if graphs is not None:
+                graphs.clear()
 
     def flatten(self, sched: SchedulerOutput) -> _Step:
         """The step's tokens, flattened, as host lists."""
@@ -153,6 +163,13 @@ class ModelRunner:
                 assert logits is not None  # no tensor parallelism here
                 return logits
         ids, pos, meta = self._tensors(step)
+        size = self.piecewise.padded_size(len(step.input_ids)) if self.piecewise else None
+        if size is not None:  # a step with prefill tokens (or a decode no graph above holds)
+            assert self.piecewise is not None
+            hidden = self.piecewise.run(step.input_ids, step.positions, step.slots, meta, size)
+            logits = self.model.compute_logits(hidden[rows])
+            assert logits is not None  # no tensor parallelism here
+            return logits
         if self.tp.is_enabled:
             self.tp.send_step(ids, pos, meta, rows)
         logits = self._forward(ids, pos, meta, rows)
@@ -176,7 +193,12 @@ class ModelRunner:
     def _hidden_states(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.model(ids, pos, self.kv_caches, meta, self.ops)
+        return self._hidden_states_with(ids, pos, meta, self.ops)
+
+    def _hidden_states_with(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, ops: Ops
+    ) -> torch.Tensor:
+        return self.model(ids, pos, self.kv_caches, meta, ops)
 
     def _forward(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor

@@ -27,7 +27,11 @@ class WorkerSettings(ProducerSettings):
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    enforce_eager: bool = False  # True: no CUDA graphs (decode steps launch eagerly)
+    enforce_eager: bool = False  # True: no CUDA graphs (every step launches eagerly)
+    max_cudagraph_capture_size: int = Field(
+        default=512, ge=0, description="steps with prefill tokens up to this many tokens "
+        "replay piecewise CUDA graphs (0: eager)"
+    )  # fmt: skip
     seed: int = 0
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs of one model (ranks)")
     # Celery and delivery
@@ -92,6 +96,7 @@ class WorkerSettings(ProducerSettings):
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
+            max_cudagraph_capture_size=self.max_cudagraph_capture_size,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
         )

@@ -70,3 +70,42 @@ def test_cuda_graph_decode_equals_eager(tiny_dir):
     keys = set(graphs.engine.runner.graphs.graphs)
     assert {size for size, _ in keys} >= {8, 4, 2, 1}, keys
     assert len({splits for _, splits in keys}) >= 2, keys
+
+
+def test_piecewise_graphs_for_prefill_steps_equal_eager(tiny_dir):
+    """Steps with prefill tokens replay piecewise graphs (one per stretch between attention
+    calls, the attention eager on the real tokens): chunks of up to 40 tokens beside
+    decodes, padded to 8, 16, 24, 32, 40 tokens, give the eager launches' greedy tokens.
+    Two prompts share a 48-token prefix (the later one may extend over it, cached), and the
+    largest step (the 150-token prompt is chunked at 40) stays within the graphs."""
+    gen = torch.Generator().manual_seed(2)
+    shared = torch.randint(100, 40000, (48,), generator=gen).tolist()
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist()
+               for n in (150, 7, 33, 1, 20)]  # fmt: skip
+    prompts += [shared + [101, 102, 103], shared + [104] * 9]  # the second extends a prefix
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in (12, 30, 9, 25, 16, 14, 11)]  # fmt: skip
+    args = dict(dtype="float32", max_num_batched_tokens=40, max_num_seqs=4,
+                kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
+    graphs = LLM(model=str(tiny_dir), device="cuda", **args)
+    assert eager.engine.runner.piecewise is None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]
+    assert got == want
+    piecewise = graphs.engine.runner.piecewise
+    assert len(piecewise.graphs) >= 3, sorted(piecewise.graphs)
+    assert set(piecewise.graphs) <= {1, 2, 4, 8, 16, 24, 32, 40}, sorted(piecewise.graphs)
+    pieces, calls, _ = next(iter(piecewise.graphs.values()))
+    num_layers = graphs.engine.runner.model.config.num_hidden_layers
+    assert (len(pieces), len(calls)) == (num_layers + 1, num_layers)
+
+
+def test_piecewise_graphs_off_keeps_prefill_steps_eager(tiny_dir):
+    """``max_cudagraph_capture_size=0``: no piecewise graphs; decode steps still replay."""
+    prompts, params = mixed_requests()
+    llm = LLM(model=str(tiny_dir), device="cuda", dtype="float32", max_num_batched_tokens=64,
+              max_cudagraph_capture_size=0, kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    outs = llm.generate(prompts, params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert llm.engine.runner.piecewise is None and llm.engine.runner.graphs.graphs

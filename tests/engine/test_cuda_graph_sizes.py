@@ -1,11 +1,14 @@
-"""Which padded batch size a decode step replays at (the CUDA capture itself is tested in
+"""Which padded size a step replays at (the CUDA captures themselves are tested in
 test_cuda_engine.py on a GPU)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine.cuda_graph import DecodeGraphs, capture_sizes
+from engine.config import EngineConfig
+from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, capture_sizes, token_capture_sizes
+from engine.ops import REFERENCE_OPS
 
 
 def test_capture_sizes_follow_vllm_up_to_the_first_that_holds_max_num_seqs():
@@ -61,3 +64,23 @@ def test_run_fills_the_static_inputs_and_pads_with_no_slot_and_no_context():
     # the third row is padding now: it writes no slot and reads no key
     assert slots[:4].tolist() == [642, 273, -1, -1] and lens[:4].tolist() == [42, 19, 0, 0]
     assert tables[:2, :3].tolist() == [[1, 2, 40], [17, 9, 0]]
+
+
+def test_piecewise_sizes_pad_steps_in_tokens_and_go_past_512_in_steps_of_64():
+    assert token_capture_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert token_capture_sizes(512)[-1] == 512
+    assert token_capture_sizes(1000)[-9:] == [512, 576, 640, 704, 768, 832, 896, 960, 1024]
+    graphs = PiecewiseGraphs(
+        forward=lambda *args: None, ops=REFERENCE_OPS, device=torch.device("cpu"),
+        max_tokens=600,
+    )  # fmt: skip
+    sizes = [graphs.padded_size(n) for n in (1, 3, 9, 511, 513, 577, 640)]
+    assert sizes == [1, 4, 16, 512, 576, 640, 640]
+    assert graphs.padded_size(641) is None  # a larger step runs eagerly
+    assert graphs.slot_mapping.shape == (640,) and bool((graphs.slot_mapping == -1).all())
+
+
+def test_max_cudagraph_capture_size_must_not_be_negative():
+    with pytest.raises(ValueError, match="max_cudagraph_capture_size must be >= 0"):
+        EngineConfig(max_cudagraph_capture_size=-1)
+    assert EngineConfig(max_cudagraph_capture_size=0).max_cudagraph_capture_size == 0
