@@ -60,6 +60,7 @@ from kernels.int4_weight import (
     tma_tiles_ok,
     unpack_words,
 )
+from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
@@ -208,6 +209,9 @@ def _int4_gemv_kernel(
     )
 
 
+_GEMV = FastLaunch(_int4_gemv_kernel)
+
+
 @triton.jit
 def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(row tile, column tile) of program ``pid``, GROUP_M row tiles swept per column (L2 reuse)."""
@@ -333,6 +337,9 @@ def _int4_gemm_kernel(
         pid_k,
         M * N,
     )
+
+
+_TILED = FastLaunch(_int4_gemm_kernel)
 
 
 @triton.jit
@@ -510,6 +517,9 @@ def _int4_mm_kernel(
     _epilogue(acc, out_ptrs, ws_ptrs, mask, lock_ptr, pid, num_splits, MODE, pid_k, M * N)
 
 
+_MM = FastLaunch(_int4_mm_kernel)
+
+
 @triton.jit
 def _int4_mm_tma_kernel(
     x_desc,  # TMA descriptor of x [M, K], block [BLOCK_M, BLOCK_K]
@@ -621,6 +631,9 @@ def _int4_dequant_kernel(
     )
 
 
+_DEQUANT = FastLaunch(_int4_dequant_kernel)
+
+
 # 16-bit float bit patterns of 1024.0 (fp16) and 128.0 (bf16): MAGIC | n is bias + n exactly.
 _MAGIC = {torch.float16: 0x6400, torch.bfloat16: 0x4300}
 _BIAS = {torch.float16: 1024.0, torch.bfloat16: 128.0}
@@ -640,7 +653,7 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
     g = weight.group_size
     block_n, block_k = 32, 128 if g == k or g % 128 == 0 else g  # 128 for a fragment order
     grid = (triton.cdiv(n, block_n), triton.cdiv(k, block_k))
-    _int4_dequant_kernel[grid](
+    _DEQUANT[grid](
         weight.qweight,
         weight.scales,
         weight.offsets,
@@ -769,7 +782,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     fold = 0  # 1: the fold decode in Triton, 2: in inline PTX (CUDA)
     if cfg.fold and x.dtype in _MAGIC:
         fold = 2 if cfg.asm and x.device.type == "cuda" else 1
-    _int4_gemv_kernel[(num_pid_n, num_splits, m)](
+    _GEMV[(num_pid_n, num_splits, m)](
         x,
         x32,
         weight.qweight,
@@ -817,7 +830,7 @@ def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> t
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=True)
     nibble = cfg.nibble and block_k >= 128  # tl.dot needs K >= 16 words
     x, x32 = _with_pairs(x)
-    _int4_gemm_kernel[(num_tiles, num_splits)](
+    _TILED[(num_tiles, num_splits)](
         x,
         x32,
         weight.qweight,
@@ -898,7 +911,7 @@ def _launch_mm(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torc
             num_stages=cfg.num_stages,
         )
         return out.to(x.dtype) if mode == 1 else out
-    _int4_mm_kernel[(num_tiles, num_splits)](
+    _MM[(num_tiles, num_splits)](
         x,
         weight.qweight,
         weight.scales,

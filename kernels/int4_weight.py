@@ -31,8 +31,8 @@ class Int4Weight:
     group_size: int
     in_perm: torch.Tensor | None = None
     frag: bool = False
-    # Launchers' per-weight memo (the TMA descriptors of its tensors, by tile): built on the
-    # first eager call of a tiling, so later calls skip it; a new weight starts empty.
+    # Launchers' per-weight memo (TMA descriptors and checks of its tensors, by tile): built
+    # on the first eager call of a tiling, so later calls skip it; a new weight starts empty.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -167,17 +167,34 @@ def tma_tiles_ok(x: torch.Tensor, weight: Int4Weight, block_k: int) -> bool:
     (Hopper's tensor memory accelerator) with one scale row per tile: 16-bit x on an sm_90+
     GPU, tiles within one quantization group, and rows TMA can address (unit inner stride,
     16-byte aligned bases and row strides)."""
+    return tma_rows_ok(x) and weight_tiles_ok(weight, block_k)
+
+
+def tma_rows_ok(x: torch.Tensor) -> bool:
+    """x's part of ``tma_tiles_ok``: 16-bit, on an sm_90+ GPU, rows TMA can address."""
     return (
-        x.dtype in (torch.float16, torch.bfloat16)
-        and is_sm90(x.device)
-        and weight.group_size % block_k == 0
+        (x.dtype is torch.bfloat16 or x.dtype is torch.float16)
         and x.stride(1) == 1
-        and weight.qweight.stride(1) == 1
-        and all(
-            t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-            for t in (x, weight.qweight)
-        )
+        and x.data_ptr() % 16 == 0
+        and x.stride(0) * x.element_size() % 16 == 0
+        and is_sm90(x.device)
     )
+
+
+def weight_tiles_ok(weight: Int4Weight, block_k: int) -> bool:
+    """The weight's part of ``tma_tiles_ok`` (K tiles within one group, word rows TMA can
+    address), looked up once per weight and tile (``Int4Weight.memo``)."""
+    ok = weight.memo.get(("tiles_ok", block_k))
+    if ok is None:
+        q = weight.qweight
+        ok = (
+            weight.group_size % block_k == 0
+            and q.stride(1) == 1
+            and q.data_ptr() % 16 == 0
+            and q.stride(0) * q.element_size() % 16 == 0
+        )
+        weight.memo["tiles_ok", block_k] = ok
+    return ok
 
 
 def _frag_source_k(device: torch.device | str = "cpu") -> torch.Tensor:

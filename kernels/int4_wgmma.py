@@ -658,11 +658,16 @@ def wgmma_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
 def wgmma_swap_ok(x: torch.Tensor, weight: Int4Weight, block_k: int = 64) -> bool:
     """Whether ``int4_wgmma_swap`` applies: ``wgmma_ok``, and scale and offset rows TMA can
     address too (unit inner stride, 16-byte aligned bases and row strides: N a multiple of 8
-    for 16-bit scales)."""
-    return wgmma_ok(x, weight, block_k) and all(
-        t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
-        for t in (weight.scales, weight.offsets)
-    )
+    for 16-bit scales). The weight's part is looked up once (``Int4Weight.memo``): the
+    launcher asks on every eager call."""
+    rows_ok = weight.memo.get(("scale_rows_ok",))
+    if rows_ok is None:
+        rows_ok = all(
+            t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+            for t in (weight.scales, weight.offsets)
+        )
+        weight.memo["scale_rows_ok",] = rows_ok
+    return rows_ok and wgmma_ok(x, weight, block_k)
 
 
 @functools.cache
@@ -805,5 +810,5 @@ def int4_wgmma_swap(
         "PARTS": parts,
         "PIPE": pipe,
     }
-    _SWAP_LAUNCH((num_tiles, num_splits), key, args, num_warps=num_warps)
+    _SWAP_LAUNCH((num_tiles, num_splits), key, **args, num_warps=num_warps)
     return out.to(x.dtype) if mode == 1 else out

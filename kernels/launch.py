@@ -19,7 +19,8 @@ here: their type (dtype, block, layout) must follow from the caller's key.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from triton import knobs
@@ -33,14 +34,18 @@ except ImportError:  # pragma: no cover - older Triton: every call takes the nor
 
 
 class FastLaunch:
-    """``launch(grid, key, args, **options)`` runs ``fn[grid](**args, **options)``.
+    """``launch(grid, key, *args, **kwargs)`` runs ``fn[grid](*args, **kwargs)``.
 
-    ``args`` maps every parameter of ``fn`` that has no default to its value (defaults are
-    filled in; an option that is also a parameter, as a Gluon kernel's ``num_warps``, may
-    come in ``options``); ``key`` must be hashable and determine the constexpr arguments,
-    the compile options (``num_warps`` and the like) and the types of tensor-descriptor
-    arguments.
+    ``args`` and ``kwargs`` are what the plain call would take: the kernel's parameters
+    (positionally, then by name; defaults are filled in) and its compile options
+    (``num_warps`` and the like; an option that is also a parameter, as a Gluon kernel's
+    ``num_warps``, counts as both). ``key`` must be hashable and determine the constexpr
+    arguments, the compile options and the types of tensor-descriptor arguments; ``None``
+    makes ``kwargs``' values the key, for callers that pass every constexpr argument and
+    option by name and no tensor descriptors (``launch[grid](...)``).
     """
+
+    enabled = True  # False: every launch takes the normal call (benchmarks compare the two)
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -54,37 +59,55 @@ class FastLaunch:
             for name, p in fn.signature.parameters.items()
             if p.default is not p.empty
         }
-        # (name, is_const, specialize, align) of the parameters whose specialization is
+        # (position, is_const, specialize, align) of the parameters whose specialization is
         # computed per call: the runtime ones without a type annotation
         self.runtime = [
-            (p.name, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
+            (p.num, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment)
             for p in fn.params
             if not p.is_constexpr and not p.annotation_type
         ]
+        # caller key -> positions of the tensor-descriptor arguments (typed by the key)
+        self.descriptors: dict[Hashable, frozenset[int]] = {}
 
-    def __call__(self, grid: Sequence[int], key: Hashable, args: dict, **options: Any) -> None:
-        if not self.fast:
-            self.fn[tuple(grid)](**args, **options)
+    def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
+        """``launch[grid](*args, **kwargs)``, as the kernel itself is called, for kernels whose
+        constexpr arguments and compile options all come by name: their values are the key."""
+        return functools.partial(self, grid, None)
+
+    def __call__(
+        self, grid: Sequence[int], key: Hashable | None, *args: Any, **kwargs: Any
+    ) -> None:
+        if key is None:
+            key = tuple(kwargs.values())
+        if not (self.fast and FastLaunch.enabled):
+            self.fn[tuple(grid)](*args, **kwargs)
             return
+        # every parameter in order, as the binder's bound arguments
+        names = self.names
+        values = [
+            *args,
+            *(kwargs[n] if n in kwargs else self.defaults[n] for n in names[len(args) :]),
+        ]
+        descriptors = self.descriptors.get(key)
+        if descriptors is None:
+            descriptors = frozenset(
+                i
+                for i, v in enumerate(values)
+                if hasattr(v, "block_type") or hasattr(v, "block_shape")
+            )
+            self.descriptors[key] = descriptors
         device = driver.active.get_current_device()
         backend = self.fn.device_caches[device][3]
-        spec = []
-        for name, is_const, specialize, align in self.runtime:
-            value = args[name]
-            if hasattr(value, "block_type") or hasattr(value, "block_shape"):
-                continue  # a tensor descriptor: typed by the caller's key
-            spec.append(native_specialize_impl(backend, value, is_const, specialize, align))
-        full_key = (device, key, tuple(spec))
+        spec = tuple(
+            native_specialize_impl(backend, values[i], is_const, specialize, align)
+            for i, is_const, specialize, align in self.runtime
+            if i not in descriptors
+        )
+        full_key = (device, key, spec)
         kernel = self.kernels.get(full_key)
         if kernel is None:
-            self.kernels[full_key] = self.fn[tuple(grid)](**args, **options)
+            self.kernels[full_key] = self.fn[tuple(grid)](*args, **kwargs)
             return
-        # every parameter in order, as the binder's bound arguments: the call's arguments, then
-        # options that are parameters too (a Gluon kernel's ``num_warps``), then defaults
-        values = [
-            args[n] if n in args else options[n] if n in options else self.defaults[n]
-            for n in self.names
-        ]
         stream = driver.active.get_current_stream(device)
         grid = (*grid, 1, 1)
         kernel.run(

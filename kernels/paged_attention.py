@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl
 
 _LOG2E = 1.4426950408889634
@@ -254,6 +255,9 @@ def _paged_attention_kernel(
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         lse_ptrs = part_lse_ptr + row * stride_pl_t + head * stride_pl_h + split
         tl.store(lse_ptrs, lse, mask=row_valid)
+
+
+_ATTENTION = FastLaunch(_paged_attention_kernel)
 
 
 @triton.jit
@@ -543,6 +547,9 @@ def _paged_decode_kernel(
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
+_DECODE = FastLaunch(_paged_decode_kernel)
+
+
 @triton.jit
 def _merge_kv_splits_kernel(
     out_ptr,
@@ -577,6 +584,9 @@ def _merge_kv_splits_kernel(
         stride_o_t, stride_o_h, stride_o_d, stride_po_t, stride_po_h, stride_po_s,
         stride_pl_t, stride_pl_h, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
     )  # fmt: skip
+
+
+_MERGE = FastLaunch(_merge_kv_splits_kernel)
 
 
 def _next_pow2(n: int) -> int:
@@ -767,7 +777,7 @@ def _launch(
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_kv_splits)
-    _paged_attention_kernel[grid](
+    _ATTENTION[grid](
         out, part_out, part_lse, query, key_cache, value_cache,
         query_start_loc, seq_lens, block_tables,
         scale * _LOG2E, num_seqs, sliding_window or 0,
@@ -908,7 +918,7 @@ def _launch_decode(
     else:  # never touched
         tickets = torch.empty(1, dtype=torch.int32, device=query.device)
     grid = (num_groups, num_kv_splits, num_seqs)
-    _paged_decode_kernel[grid](
+    _DECODE[grid](
         out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
         scale * _LOG2E, num_kv_splits, sliding_window or 0,
         *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
@@ -941,7 +951,7 @@ def _merge(
     block_h = min(block_h, _next_pow2(num_heads))
     grid = (num_tokens, triton.cdiv(num_heads, block_h))
     launch = {"launch_pdl": True} if pdl else {}  # a launch option of CUDA builds only
-    _merge_kv_splits_kernel[grid](
+    _MERGE[grid](
         out, part_out, part_lse, num_heads, *out.stride(),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),

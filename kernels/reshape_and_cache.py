@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import FastLaunch
+
 
 @triton.jit
 def _reshape_and_cache_kernel(
@@ -62,6 +64,9 @@ def _reshape_and_cache_kernel(
     tl.store(vc_ptrs, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
+_RESHAPE_AND_CACHE = FastLaunch(_reshape_and_cache_kernel)
+
+
 def reshape_and_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -96,7 +101,7 @@ def reshape_and_cache(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    _reshape_and_cache_kernel[(num_tokens,)](
+    _RESHAPE_AND_CACHE[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping, num_kv_heads,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
         BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl
 
 
@@ -47,6 +48,9 @@ def _rms_norm_kernel(
     )
 
 
+_RMS_NORM = FastLaunch(_rms_norm_kernel)
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -79,7 +83,7 @@ def rms_norm(
     if num_tokens > 0:
         block = triton.next_power_of_2(hidden)
         num_warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
-        _rms_norm_kernel[(num_tokens,)](
+        _RMS_NORM[(num_tokens,)](
             out, new_residual, x2, r2, weight, hidden, eps,
             x2.stride(0), r2.stride(0), out.stride(0), new_residual.stride(0),
             HAS_RESIDUAL=residual is not None, BLOCK=block, TRIGGER=has_pdl(x.device),

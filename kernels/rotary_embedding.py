@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import FastLaunch
+
 
 @triton.jit
 def _rotate_heads(
@@ -63,6 +65,9 @@ def _rotary_embedding_kernel(
     )  # fmt: skip
 
 
+_ROTARY = FastLaunch(_rotary_embedding_kernel)
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -93,7 +98,7 @@ def rotary_embedding(
     if num_tokens == 0:
         return
     half = rotary_dim // 2
-    _rotary_embedding_kernel[(num_tokens,)](
+    _ROTARY[(num_tokens,)](
         positions, query, key, cos_sin_cache, num_heads, key.shape[1],
         *query.stride(), *key.stride(), *cos_sin_cache.stride(),
         HALF=half, HALF_PAD=triton.next_power_of_2(half),

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl
 
 
@@ -34,6 +35,9 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + token * stride_o_t + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_SILU_AND_MUL = FastLaunch(_silu_and_mul_kernel)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Triton version of :func:`silu_and_mul_ref`: [..., 2 * d] -> [..., d] in x's dtype.
 
@@ -48,7 +52,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and d > 0:
         block = min(triton.next_power_of_2(d), 1024)
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+        _SILU_AND_MUL[(x2.shape[0], triton.cdiv(d, block))](
             out, x2, d, x2.stride(0), out.stride(0), BLOCK=block, TRIGGER=has_pdl(x.device)
         )
     return out.view(*x.shape[:-1], d)

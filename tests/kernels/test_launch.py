@@ -28,11 +28,20 @@ def _scaled_copy(src_ptr, dst_ptr, n, scale, BLOCK: tl.constexpr):
 
 def _run(launch: FastLaunch, src: torch.Tensor, dst: torch.Tensor, n: int, scale: float) -> None:
     block = 256
-    launch((triton.cdiv(n, block),), block, {"src_ptr": src, "dst_ptr": dst, "n": n,
-           "scale": scale, "BLOCK": block})  # fmt: skip
+    launch((triton.cdiv(n, block),), block, src_ptr=src, dst_ptr=dst, n=n, scale=scale,
+           BLOCK=block)  # fmt: skip
 
 
-def test_fast_launch_matches_the_plain_call_and_keeps_specializations_apart():
+def _run_positional(
+    launch: FastLaunch, src: torch.Tensor, dst: torch.Tensor, n: int, scale: float
+) -> None:
+    """As the kernels' launchers call it: runtime arguments by position, the constexpr
+    ones by name, which make the key."""
+    launch[(triton.cdiv(n, 256),)](src, dst, n, scale, BLOCK=256)
+
+
+@pytest.mark.parametrize("run", [_run, _run_positional], ids=["by-name", "positional"])
+def test_fast_launch_matches_the_plain_call_and_keeps_specializations_apart(run):
     """Lengths divisible by 16 and not, and an offset (unaligned) source: each is its own
     specialization, so a kernel compiled assuming n % 16 == 0 or a 16-byte-aligned pointer is
     never reused where that does not hold (its vector stores would write past n = 1001 or 17,
@@ -43,7 +52,7 @@ def test_fast_launch_matches_the_plain_call_and_keeps_specializations_apart():
     for n, offset in ((1024, 0), (1024, 0), (1001, 0), (1001, 0), (1024, 1), (1024, 1), (17, 0)):
         src = base[offset : offset + n]
         dst = torch.full((1040,), -7.0, device=DEVICE)
-        _run(launch, src, dst, n, 0.5)
+        run(launch, src, dst, n, 0.5)
         assert torch.equal(dst[:n], src * 0.5), (n, offset)
         assert bool((dst[n:] == -7.0).all()), f"n={n} offset={offset}: wrote past n"
     if launch.fast:  # compiled once per specialization (17 is specialized as 1001 is)
