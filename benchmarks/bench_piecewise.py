@@ -3,18 +3,19 @@
 One engine with random weights (``load_format="dummy"``, as bench_tp.py) of a Llama shape,
 bf16, and then the same model with INT4 decoder linears (bench_int4_decode.py's swap). For
 each form and each ``--batched-tokens`` budget (the engine's ``max_num_batched_tokens``, so
-the step size), two workloads are timed with the runner's piecewise graphs switched off
-(eager: every kernel of the step launched from Python) and on, alternately, each after an
-untimed pass of the same shape (Triton compiles, graphs are captured):
+the step size), two workloads are timed in three modes, each after an untimed pass of the
+same shape (Triton compiles, graphs are captured): eager steps with every kernel launched
+through Triton's own call (``FastLaunch.enabled = False``), eager steps through
+``kernels.launch.FastLaunch`` (the default for steps no graph holds), and piecewise graphs:
 
 - prefill: ``--prefill`` prompts of ``--prefill-len`` tokens run to their first token
   (prompt tokens/s; every step is a full chunk);
 - mixed: ``--requests`` prompts of ``--prompt-len`` tokens, ``--max-tokens`` output tokens
   each, run to completion (output tokens/s; steps mix decodes with prompt chunks, and
-  decode-only steps replay the decode graphs in both modes).
+  decode-only steps replay the decode graphs in every mode).
 
 Fresh prompts every pass (none is served by the prefix cache). Prints a table with the
-ratio piecewise / eager.
+ratios.
 
     python3 benchmarks/bench_piecewise.py [--shape 8b] [--batched-tokens 256,512]
 """
@@ -38,9 +39,17 @@ from bench_tp import SHAPES, throughput, write_model_dir  # noqa: E402
 _seeds = itertools.count()
 
 
-def timed(engine, piecewise, on: bool, workload: str, args, vocab: int) -> float:
-    """One untimed and one timed pass of ``workload`` with the graphs on or off."""
-    engine.runner.piecewise = piecewise if on else None
+MODES = ("plain", "eager", "piecewise")
+
+
+def timed(engine, piecewise, mode: str, workload: str, args, vocab: int) -> float:
+    """One untimed and one timed pass of ``workload`` in ``mode``: ``plain`` eager steps
+    with every kernel launched through Triton's own call, ``eager`` ones through
+    ``FastLaunch``'s cache, or ``piecewise`` graphs."""
+    from kernels.launch import FastLaunch
+
+    engine.runner.piecewise = piecewise if mode == "piecewise" else None
+    FastLaunch.enabled = mode != "plain"
     rate = 0.0
     for _ in range(2):
         seed = f"{workload}-{next(_seeds)}"
@@ -92,13 +101,12 @@ def main() -> None:
                     engine.runner.reset_cuda_graphs()
                 for workload in ("prefill", "mixed"):
                     start = time.perf_counter()
-                    eager = timed(engine, piecewise, False, workload, args, vocab)
-                    graphs = timed(engine, piecewise, True, workload, args, vocab)
-                    rows.append((form, budget, workload, eager, graphs))
+                    rates = [timed(engine, piecewise, m, workload, args, vocab) for m in MODES]
+                    rows.append((form, budget, workload, *rates))
                     print(
-                        f"{form} {budget} tokens/step {workload}: eager {eager:.0f}, piecewise "
-                        f"{graphs:.0f} tok/s ({graphs / eager:.2f}x; "
-                        f"{time.perf_counter() - start:.0f} s)",
+                        f"{form} {budget} tokens/step {workload}: "
+                        + ", ".join(f"{m} {r:.0f}" for m, r in zip(MODES, rates, strict=True))
+                        + f" tok/s ({time.perf_counter() - start:.0f} s)",
                         flush=True,
                     )
         finally:
@@ -112,11 +120,14 @@ def main() -> None:
         f"{args.prefill_len}-token prompts (prompt tok/s); mixed: {args.requests} x "
         f"{args.prompt_len}-token prompts, {args.max_tokens} output tokens (output tok/s)"
     )
-    print("| weights | tokens per step | workload | eager tok/s | piecewise graphs tok/s | ratio |")
-    print("|---|---|---|---|---|---|")
-    for form, budget, workload, eager, graphs in rows:
-        print(f"| {form} | {budget} | {workload} | {eager:.0f} | {graphs:.0f} | "
-              f"{graphs / eager:.2f}x |")  # fmt: skip
+    print(
+        "| weights | tokens per step | workload | eager, Triton's launch | eager, FastLaunch | "
+        "piecewise graphs | FastLaunch / Triton's | piecewise / eager FastLaunch |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for form, budget, workload, plain, eager, graphs in rows:
+        print(f"| {form} | {budget} | {workload} | {plain:.0f} | {eager:.0f} | {graphs:.0f} | "
+              f"{eager / plain:.2f}x | {graphs / eager:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":
