@@ -201,26 +201,16 @@ class PiecewiseGraphs:
         return self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
 
     def run(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        meta: AttentionMetadata,
-        size: int,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, size: int
     ) -> torch.Tensor:
         """Hidden states [size, hidden] of a step (rows past ``len(input_ids)`` are padding),
-        in the graphs' output buffer: valid until the next replay. ``meta`` is the step's
-        own (its ``slot_mapping`` is not read: the graphs read the static one)."""
-        n = len(input_ids)
-        host = torch.zeros((3, size), dtype=torch.int64)
-        host[0, :n] = torch.tensor(input_ids)
-        host[1, :n] = torch.tensor(positions)
-        host[2].fill_(-1)  # padding rows must write no slot: a stale one may be live
-        host[2, :n] = torch.tensor(slots)
-        host = host.to(self.device)
-        self.input_ids[:size].copy_(host[0])
-        self.positions[:size].copy_(host[1])
-        self.slot_mapping[:size].copy_(host[2])
+        in the graphs' output buffer: valid until the next replay. The step's tensors are
+        on the device; its slots are ``meta.slot_mapping``."""
+        n = input_ids.shape[0]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)  # padding rows keep stale ids and positions
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:size].fill_(-1)  # padding rows must write no slot
         if size not in self.graphs:
             self.graphs[size] = self._capture(size, meta, n)
         pieces, calls, hidden = self.graphs[size]

@@ -116,7 +116,9 @@ class ModelRunner:
             step.input_ids.extend(req.all_token_ids[start:end])
             step.positions.extend(range(start, end))
             block_ids = req.block_ids
-            step.slots.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
+            for b in range(start // bs, (end - 1) // bs + 1):  # a run of slots per block
+                base = block_ids[b] * bs - b * bs
+                step.slots.extend(range(base + max(start, b * bs), base + min(end, b * bs + bs)))
             step.starts.append(step.starts[-1] + num_new)
             step.seq_lens.append(end)
             step.tables.append(block_ids)
@@ -132,20 +134,30 @@ class ModelRunner:
         return (*self._tensors(step), step.logit_rows)
 
     def _tensors(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """The step on the device, in two copies: the per-token rows (int64) and the
+        per-sequence ones (int32: query_start_loc, seq_lens and the block tables, each
+        starting 16-byte aligned, as kernels specialize on it)."""
+        s = len(step.seq_lens)
         width = max(len(t) for t in step.tables)
-        padded = [t + [0] * (width - len(t)) for t in step.tables]
-        dev = self.device
+        lens_at = -(-(s + 1) // 4) * 4
+        tables_at = lens_at + -(-s // 4) * 4
+        ints = [0] * (tables_at + s * width)
+        ints[: s + 1] = step.starts
+        ints[lens_at : lens_at + s] = step.seq_lens
+        for i, t in enumerate(step.tables):
+            ints[tables_at + i * width : tables_at + i * width + len(t)] = t
+        tokens = torch.tensor([step.input_ids, step.positions, step.slots], dtype=torch.int64)
+        tokens = tokens.to(self.device)
+        rows = torch.tensor(ints, dtype=torch.int32).to(self.device)
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(step.starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(step.seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(step.slots, dtype=torch.int64, device=dev),
+            query_start_loc=rows[: s + 1],
+            seq_lens=rows[lens_at : lens_at + s],
+            block_tables=rows[tables_at:].view(s, width),
+            slot_mapping=tokens[2],
             max_query_len=step.max_query_len,
             max_seq_len=max(step.seq_lens),
         )
-        ids = torch.tensor(step.input_ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(step.positions, dtype=torch.long, device=dev)
-        return ids, pos, meta
+        return tokens[0], tokens[1], meta
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
@@ -166,7 +178,7 @@ class ModelRunner:
         size = self.piecewise.padded_size(len(step.input_ids)) if self.piecewise else None
         if size is not None:  # a step with prefill tokens (or a decode no graph above holds)
             assert self.piecewise is not None
-            hidden = self.piecewise.run(step.input_ids, step.positions, step.slots, meta, size)
+            hidden = self.piecewise.run(ids, pos, meta, size)
             logits = self.model.compute_logits(hidden[rows])
             assert logits is not None  # no tensor parallelism here
             return logits
