@@ -28,6 +28,10 @@ SHAPES = {
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=1001,
     ),
+    "135m": dict(  # the default model's shape (SmolLM2-135M), its head untied here
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152,
+    ),
     "1b": dict(
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=128256,
