@@ -249,9 +249,15 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, mcfg: ModelConfig
         return CPU_DEFAULT_KV_CACHE_BYTES
     free, total = torch.cuda.mem_get_info(device)
     used = total - free
-    # Room for one step's activations: the largest layer intermediates and the logits.
+    # Room for one step's activations: the largest layer intermediates and the logits; and,
+    # with CUDA graphs, for the piecewise graphs' memory pool, which holds the same
+    # intermediates for steps of up to max_cudagraph_capture_size tokens beside the eager
+    # steps' cached blocks.
+    per_token = (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
+    graph_tokens = 0 if config.enforce_eager else config.max_cudagraph_capture_size
     activation_bytes = (
-        config.max_num_batched_tokens * (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
+        (config.max_num_batched_tokens + min(graph_tokens, config.max_num_batched_tokens))
+        * per_token
         + config.max_num_seqs * mcfg.vocab_size * 8
         + (512 << 20)
     )
