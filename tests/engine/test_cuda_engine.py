@@ -50,6 +50,18 @@ def test_cuda_bf16_runs_to_the_requested_lengths(tiny_dir):
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
 
 
+def _generate_eager_and_with_graphs(tiny_dir, prompts, params, args: dict) -> LLM:
+    """Greedy tokens with eager launches and with CUDA graphs (the default) must be equal;
+    returns the engine with graphs for a look at what it captured."""
+    eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
+    graphs = LLM(model=str(tiny_dir), device="cuda", **args)
+    assert eager.engine.runner.graphs is None and eager.engine.runner.piecewise is None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]
+    assert got == want
+    return graphs
+
+
 def test_cuda_graph_decode_equals_eager(tiny_dir):
     """Decode steps replayed from CUDA graphs (the default) give the eager launches' greedy
     tokens: batches shrink 8 -> 1 as requests finish (padded to 8, 4, 2, 1), and the longest
@@ -61,12 +73,7 @@ def test_cuda_graph_decode_equals_eager(tiny_dir):
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
               for m in (5, 95, 80, 65, 50, 35, 20, 10)]  # fmt: skip
     args = dict(dtype="float32", max_num_batched_tokens=128, kv_cache_memory_bytes=64 << 20)
-    eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
-    graphs = LLM(model=str(tiny_dir), device="cuda", **args)
-    assert eager.engine.runner.graphs is None
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
-    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]
-    assert got == want
+    graphs = _generate_eager_and_with_graphs(tiny_dir, prompts, params, args)
     keys = set(graphs.engine.runner.graphs.graphs)
     assert {size for size, _ in keys} >= {8, 4, 2, 1}, keys
     assert len({splits for _, splits in keys}) >= 2, keys
@@ -87,12 +94,7 @@ def test_piecewise_graphs_for_prefill_steps_equal_eager(tiny_dir):
               for m in (12, 30, 9, 25, 16, 14, 11)]  # fmt: skip
     args = dict(dtype="float32", max_num_batched_tokens=40, max_num_seqs=4,
                 kv_cache_memory_bytes=64 << 20)  # fmt: skip
-    eager = LLM(model=str(tiny_dir), device="cuda", enforce_eager=True, **args)
-    graphs = LLM(model=str(tiny_dir), device="cuda", **args)
-    assert eager.engine.runner.piecewise is None
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
-    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]
-    assert got == want
+    graphs = _generate_eager_and_with_graphs(tiny_dir, prompts, params, args)
     piecewise = graphs.engine.runner.piecewise
     assert len(piecewise.graphs) >= 3, sorted(piecewise.graphs)
     assert set(piecewise.graphs) <= {1, 2, 4, 8, 16, 24, 32, 40}, sorted(piecewise.graphs)
