@@ -43,7 +43,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     enforce_eager: bool = False
-    max_cudagraph_capture_size: int = 512
+    max_cudagraph_capture_size: int = 2048  # as max_num_batched_tokens: every step
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "dummy": random weights, nothing read (benchmarks)
 

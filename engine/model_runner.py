@@ -76,7 +76,7 @@ class ModelRunner:
         self.piecewise: PiecewiseGraphs | None = None
 
     def enable_cuda_graphs(
-        self, max_num_seqs: int, max_model_len: int, max_capture_tokens: int = 512
+        self, max_num_seqs: int, max_model_len: int, max_capture_tokens: int = 2048
     ) -> None:
         """Replay decode steps of up to ``max_num_seqs`` sequences from CUDA graphs, and
         other steps of up to ``max_capture_tokens`` tokens from piecewise ones (between the

@@ -29,7 +29,7 @@ class WorkerSettings(ProducerSettings):
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # True: no CUDA graphs (every step launches eagerly)
     max_cudagraph_capture_size: int = Field(
-        default=512, ge=0, description="steps with prefill tokens up to this many tokens "
+        default=2048, ge=0, description="steps with prefill tokens up to this many tokens "
         "replay piecewise CUDA graphs (0: eager)"
     )  # fmt: skip
     seed: int = 0

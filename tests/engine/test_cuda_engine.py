@@ -18,6 +18,7 @@ def tiny_dir(tmp_path_factory, wordlevel_tokenizer_dir):
     save_tiny_model(
         "llama", out, wordlevel_tokenizer_dir, hidden_size=256, intermediate_size=512,
         num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_hidden_layers=3,
+        max_position_embeddings=2048,
     )  # fmt: skip
     return out
 
@@ -111,3 +112,15 @@ def test_piecewise_graphs_off_keeps_prefill_steps_eager(tiny_dir):
     outs = llm.generate(prompts, params)
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
     assert llm.engine.runner.piecewise is None and llm.engine.runner.graphs.graphs
+
+
+def test_piecewise_graphs_above_512_tokens_pad_to_multiples_of_64(tiny_dir):
+    """A step of 830 prompt tokens replays the graphs of size 832; a later one with a
+    90-token prompt beside a decode, those of 96; both give the eager launches' tokens."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (530, 300, 90)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 3, 5)]
+    args = dict(dtype="float32", max_num_batched_tokens=1024, max_num_seqs=2,
+                kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    graphs = _generate_eager_and_with_graphs(tiny_dir, prompts, params, args)
+    assert {832, 96} <= set(graphs.engine.runner.piecewise.graphs), graphs.engine.runner.piecewise
