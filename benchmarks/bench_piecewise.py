@@ -3,11 +3,10 @@
 One engine with random weights (``load_format="dummy"``, as bench_tp.py) of a Llama shape,
 bf16, and then the same model with INT4 decoder linears (bench_int4_decode.py's swap). For
 each form and each ``--batched-tokens`` budget (the engine's ``max_num_batched_tokens``, so
-the step size), two workloads are timed in four modes, each after an untimed pass of the
+the step size), two workloads are timed in three modes, each after an untimed pass of the
 same shape (Triton compiles, graphs are captured): eager steps with every kernel launched
 through Triton's own call (``FastLaunch.enabled = False``), eager steps through
-``kernels.launch.FastLaunch`` (the default for steps no graph holds), and piecewise graphs
-with the attention between them called in full per layer or (the default) relaunched:
+``kernels.launch.FastLaunch`` (the default for steps no graph holds), and piecewise graphs:
 
 - prefill: ``--prefill`` prompts of ``--prefill-len`` tokens run to their first token
   (prompt tokens/s; every step is a full chunk);
@@ -40,29 +39,16 @@ from bench_tp import SHAPES, throughput, write_model_dir  # noqa: E402
 _seeds = itertools.count()
 
 
-# mode -> its column heading
-MODES = {
-    "plain": "eager, Triton's launch",
-    "eager": "eager, `FastLaunch`",
-    "calls": "piecewise, attention called per layer",
-    "piecewise": "piecewise, attention relaunched",
-}
+MODES = ("plain", "eager", "piecewise")
 
 
 def timed(engine, piecewise, mode: str, workload: str, args, vocab: int) -> float:
     """One untimed and one timed pass of ``workload`` in ``mode``: ``plain`` eager steps
     with every kernel launched through Triton's own call, ``eager`` ones through
-    ``FastLaunch``'s cache, or piecewise graphs with the attention between them called in
-    full per layer (``calls``) or, after the first layer, relaunched on each layer's caches
-    (``piecewise``, the engine's default)."""
-    from dataclasses import replace
-
+    ``FastLaunch``'s cache, or ``piecewise`` graphs."""
     from kernels.launch import FastLaunch
 
-    engine.runner.piecewise = piecewise if mode in ("calls", "piecewise") else None
-    if piecewise is not None:
-        plan = None if mode == "calls" else engine.runner.ops.paged_attention_plan
-        piecewise.ops = replace(piecewise.ops, paged_attention_plan=plan)
+    engine.runner.piecewise = piecewise if mode == "piecewise" else None
     FastLaunch.enabled = mode != "plain"
     rate = 0.0
     for _ in range(2):
@@ -116,7 +102,7 @@ def main() -> None:
                 for workload in ("prefill", "mixed"):
                     start = time.perf_counter()
                     rates = [timed(engine, piecewise, m, workload, args, vocab) for m in MODES]
-                    rows.append((form, budget, workload, rates))
+                    rows.append((form, budget, workload, *rates))
                     print(
                         f"{form} {budget} tokens/step {workload}: "
                         + ", ".join(f"{m} {r:.0f}" for m, r in zip(MODES, rates, strict=True))
@@ -134,15 +120,14 @@ def main() -> None:
         f"{args.prefill_len}-token prompts (prompt tok/s); mixed: {args.requests} x "
         f"{args.prompt_len}-token prompts, {args.max_tokens} output tokens (output tok/s)"
     )
-    heads = " | ".join(MODES.values())
-    print(f"| weights | tokens per step | workload | {heads} | `FastLaunch` / Triton's | "
-          "piecewise / eager `FastLaunch` | relaunched / called |")  # fmt: skip
-    print("|---" * (6 + len(MODES)) + "|")
-    for form, budget, workload, rates in rows:
-        plain, eager, calls, graphs = rates
-        cells = " | ".join(f"{r:.0f}" for r in rates)
-        print(f"| {form} | {budget} | {workload} | {cells} | {eager / plain:.2f}x | "
-              f"{graphs / eager:.2f}x | {graphs / calls:.2f}x |")  # fmt: skip
+    print(
+        "| weights | tokens per step | workload | eager, Triton's launch | eager, FastLaunch | "
+        "piecewise graphs | FastLaunch / Triton's | piecewise / eager FastLaunch |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for form, budget, workload, plain, eager, graphs in rows:
+        print(f"| {form} | {budget} | {workload} | {plain:.0f} | {eager:.0f} | {graphs:.0f} | "
+              f"{eager / plain:.2f}x | {graphs / eager:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -172,9 +172,7 @@ class PiecewiseGraphs:
     order they were captured and no two sizes interleave, so all share one memory pool.
 
     ``forward`` runs the model with the layer ops it is given; ``ops.paged_attention`` is
-    the eager attention. Where ``ops.paged_attention_plan`` is given, the layers after the
-    first repeat the first layer's attention launches on their own caches (the metadata,
-    scale and window are the same) instead of a full call each.
+    the eager attention.
     """
 
     def __init__(self, forward: OpsForward, ops: Ops, device: torch.device, max_tokens: int):
@@ -217,21 +215,13 @@ class PiecewiseGraphs:
             self.graphs[size] = self._capture(size, meta, n)
         pieces, calls, hidden = self.graphs[size]
         assert self.query is not None and self.out is not None
-        plan = self.ops.paged_attention_plan
-        again, planned = None, None
         for graph, (key_cache, value_cache, scale, window) in zip(pieces[:-1], calls, strict=True):
             graph.replay()
-            if again is not None and planned == (scale, window):
-                again(key_cache, value_cache)  # the first layer's launches, on these caches
-                continue
-            args = (
+            self.ops.paged_attention(
                 self.query[:n], key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
                 meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, window,
+                out=self.out[:n],
             )  # fmt: skip
-            if plan is None:
-                self.ops.paged_attention(*args, out=self.out[:n])
-            else:
-                again, planned = plan(*args, out=self.out[:n]), (scale, window)
         pieces[-1].replay()
         return hidden
 

@@ -36,9 +36,6 @@ class Ops:
     rms_norm: Callable
     rotary_embedding: Callable
     silu_and_mul: Callable
-    # paged_attention that returns again(key_cache, value_cache), the same launches on
-    # another layer's caches (``kernels.paged_attention.paged_attention_plan``); None: none
-    paged_attention_plan: Callable | None = None
 
 
 REFERENCE_OPS = Ops(
@@ -64,7 +61,7 @@ CPU_OPS = replace(
 
 def triton_ops() -> Ops:
     """The Triton kernels (imported only when asked for, so CPU-only installs never compile)."""
-    from kernels.paged_attention import paged_attention, paged_attention_plan
+    from kernels.paged_attention import paged_attention
     from kernels.reshape_and_cache import reshape_and_cache
     from kernels.rms_norm import rms_norm
     from kernels.rotary_embedding import rotary_embedding
@@ -77,7 +74,6 @@ def triton_ops() -> Ops:
         rms_norm=rms_norm,
         rotary_embedding=rotary_embedding,
         silu_and_mul=silu_and_mul,
-        paged_attention_plan=paged_attention_plan,
     )
 
 

@@ -69,21 +69,19 @@ class FastLaunch:
         # caller key -> positions of the tensor-descriptor arguments (typed by the key)
         self.descriptors: dict[Hashable, frozenset[int]] = {}
 
-    def __getitem__(self, grid: Sequence[int]) -> Callable[..., Relaunch | None]:
+    def __getitem__(self, grid: Sequence[int]) -> Callable[..., None]:
         """``launch[grid](*args, **kwargs)``, as the kernel itself is called, for kernels whose
         constexpr arguments and compile options all come by name: their values are the key."""
         return functools.partial(self, grid, None)
 
     def __call__(
         self, grid: Sequence[int], key: Hashable | None, *args: Any, **kwargs: Any
-    ) -> Relaunch | None:
-        """Launch; returns a ``Relaunch`` of this very launch where it came from the cache
-        (None where it compiled or took the normal call)."""
+    ) -> None:
         if key is None:
             key = tuple(kwargs.values())
         if not (self.fast and FastLaunch.enabled):
             self.fn[tuple(grid)](*args, **kwargs)
-            return None
+            return
         # every parameter in order, as the binder's bound arguments
         names = self.names
         values = [
@@ -109,40 +107,9 @@ class FastLaunch:
         kernel = self.kernels.get(full_key)
         if kernel is None:
             self.kernels[full_key] = self.fn[tuple(grid)](*args, **kwargs)
-            return None
-        relaunch = Relaunch(kernel, device, (*grid, 1, 1), values)
-        relaunch.run(values)
-        return relaunch
-
-
-class Relaunch:
-    """One launch of a compiled kernel, to repeat with some arguments replaced by values of
-    the same specialization (a tensor of the same dtype, 16-byte aligned where the old one
-    was; an integer of the same class: 1, a multiple of 16, or neither). The caller vouches
-    for that: nothing is checked."""
-
-    def __init__(self, kernel: Any, device: int, grid: tuple[int, ...], values: list) -> None:
-        self.kernel = kernel
-        self.device = device
-        self.grid = grid
-        self.values = values
-
-    def positions(self, value: Any) -> list[int]:
-        """The argument positions that hold ``value`` itself (by identity)."""
-        return [i for i, v in enumerate(self.values) if v is value]
-
-    def again(self, replace: Sequence[tuple[int, Any]] = ()) -> None:
-        """Launch once more on the current stream, with ``(position, value)`` replaced."""
-        values = self.values
-        if replace:
-            values = list(values)
-            for i, v in replace:
-                values[i] = v
-        self.run(values)
-
-    def run(self, values: list) -> None:
-        kernel, grid = self.kernel, self.grid
-        stream = driver.active.get_current_stream(self.device)
+            return
+        stream = driver.active.get_current_stream(device)
+        grid = (*grid, 1, 1)
         kernel.run(
             grid[0], grid[1], grid[2], stream, kernel.function, kernel.packed_metadata,
             kernel.launch_metadata(grid, stream, *values), knobs.runtime.launch_enter_hook,

@@ -18,17 +18,14 @@ log-sum-exp, by a third kernel or (few splits) by the last of the splits to fini
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.launch import FastLaunch, Relaunch
+from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl
 
 _LOG2E = 1.4426950408889634
@@ -780,7 +777,7 @@ def _launch(
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_kv_splits)
-    _note(_ATTENTION[grid](
+    _ATTENTION[grid](
         out, part_out, part_lse, query, key_cache, value_cache,
         query_start_loc, seq_lens, block_tables,
         scale * _LOG2E, num_seqs, sliding_window or 0,
@@ -793,7 +790,7 @@ def _launch(
         NUM_SPLITS=num_kv_splits, HAS_WINDOW=sliding_window is not None,
         IS_FP32=query.dtype == torch.float32,
         num_warps=num_warps, num_stages=num_stages,
-    ))  # fmt: skip
+    )  # fmt: skip
     if num_kv_splits > 1:
         # The interpreter pays per program: merge all heads of a token in one there.
         block_h = 1 if query.device.type == "cuda" else _next_pow2(num_heads)
@@ -921,7 +918,7 @@ def _launch_decode(
     else:  # never touched
         tickets = torch.empty(1, dtype=torch.int32, device=query.device)
     grid = (num_groups, num_kv_splits, num_seqs)
-    _note(_DECODE[grid](
+    _DECODE[grid](
         out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
         scale * _LOG2E, num_kv_splits, sliding_window or 0,
         *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
@@ -936,7 +933,7 @@ def _launch_decode(
         TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if wait else {}),
-    ))  # fmt: skip
+    )  # fmt: skip
     if is_split and not is_fused:
         _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
     return out
@@ -954,54 +951,14 @@ def _merge(
     block_h = min(block_h, _next_pow2(num_heads))
     grid = (num_tokens, triton.cdiv(num_heads, block_h))
     launch = {"launch_pdl": True} if pdl else {}  # a launch option of CUDA builds only
-    _note(_MERGE[grid](
+    _MERGE[grid](
         out, part_out, part_lse, num_heads, *out.stride(),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h, PDL=pdl,
         TRIGGER=has_pdl(out.device), **launch,
-    ))  # fmt: skip
-
-
-_RECORDING = threading.local()  # .launches: a list while paged_attention_plan records
-
-
-def _note(relaunch: Relaunch | None) -> None:
-    launches = getattr(_RECORDING, "launches", None)
-    if launches is not None:
-        launches.append(relaunch)
-
-
-def paged_attention_plan(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    *args: Any,
-    **kwargs: Any,
-) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """Run ``paged_attention(query, key_cache, value_cache, *args, **kwargs)`` (``out``
-    given) and return ``again(key_cache, value_cache)``, which repeats the very same launches
-    on another layer's caches (of the same shape, dtype and strides), into the same ``out``:
-    the metadata, tiles, split count and partial buffers are reused, and nothing is
-    specialized again, so a layer after the first costs little host time. For the layers of
-    one step, which attend with the same metadata, scale and window between the graphs of a
-    piecewise step. Where a launch did not come from ``FastLaunch``'s cache (it compiled, or
-    the interpreter ran it) ``again`` is the full call."""
-    _RECORDING.launches = launches = []
-    try:
-        paged_attention(query, key_cache, value_cache, *args, **kwargs)
-    finally:
-        _RECORDING.launches = None
-    if not launches or any(r is None for r in launches):
-        return lambda k, v: paged_attention(query, k, v, *args, **kwargs)
-    swaps = [(r, r.positions(key_cache), r.positions(value_cache)) for r in launches]
-
-    def again(key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-        for relaunch, k_at, v_at in swaps:
-            relaunch.again([*((i, key_cache) for i in k_at), *((i, value_cache) for i in v_at)])
-
-    return again
+    )  # fmt: skip
 
 
 _DECODE_GROUP = 8  # decode rows per padded reference computation

@@ -16,7 +16,6 @@ from kernels.paged_attention import (  # noqa: E402
     DecodeConfig,
     _launch_decode,
     paged_attention,
-    paged_attention_plan,
     paged_attention_ref,
 )
 
@@ -352,38 +351,6 @@ def test_decode_waits_as_dependent_launch(splits, fused):
     query.copy_(torch.randn_like(query))
     graph.replay()
     check(f"graph x{splits}")
-
-
-@pytest.mark.parametrize(
-    "seqs, num_kv_splits",
-    [
-        ([(40, 9), (17, 17), (70, 1)], 1),  # a mixed step: an extend, a prefill, a decode
-        ([(40, 9), (17, 17), (70, 1)], 3),  # the same with the split kernels and the merge
-        ([(300, 1), (33, 1), (90, 1)], 4),  # decode only: the decode kernel and its merge
-        ([(300, 1), (33, 1)], None),  # decode only, the default split count (fused merge)
-    ],
-)
-def test_plan_repeats_the_launches_on_other_layers_caches(seqs, num_kv_splits):
-    """``paged_attention_plan`` runs the first layer and returns ``again``, the same
-    launches on another layer's caches: each later layer must equal a full call on its own
-    caches (bitwise: the same kernels on the same data), with nothing of the first layer's
-    left in ``out``. On CPU (interpreter) ``again`` is the full call; on CUDA it must be the
-    relaunches."""
-    first = make_batch(seqs, 8, 2, 64, torch.float16)
-    scale = 64**-0.5
-    kwargs = {} if num_kv_splits is None else {"num_kv_splits": num_kv_splits}
-    want = paged_attention(*first.args(scale), **kwargs)  # compiles: the plan then hits
-    out = torch.empty_like(first.query)
-    again = paged_attention_plan(*first.args(scale), out=out, **kwargs)
-    assert torch.equal(out, want)
-    if DEVICE == "cuda":  # the relaunches, not the fallback to full calls
-        assert again.__name__ == "again", again
-    for layer in range(2):
-        caches = (torch.randn_like(first.key_cache), torch.randn_like(first.value_cache))
-        out.fill_(float("nan"))
-        again(*caches)
-        args = (first.query, *caches, *first.args(scale)[3:])
-        assert torch.equal(out, paged_attention(*args, **kwargs)), f"layer {layer + 1}"
 
 
 def test_strided_query_and_out():
