@@ -9,9 +9,10 @@ first time that (size, KV split count) is seen. Inputs live in static buffers th
 reads; padding rows write no cache slot (slot -1) and attend to nothing (``seq_len`` 0), so
 they cost a little compute and change no real row. The graph ends at the final hidden
 states; the LM head runs eagerly on the rows that sample (a graph's output stays allocated
-while the graph lives, and [size, vocab] float32 logits per graph would add up). Steps with
-prefill tokens, more sequences than the largest size, or tensor parallelism run eagerly, as
-does everything with ``enforce_eager=True`` and everything on CPU.
+while the graph lives, and [size, vocab] float32 logits per graph would add up). Other
+steps (prefill tokens, more sequences than the largest size) replay piecewise graphs where
+their token count fits those; the rest run eagerly, as does everything under tensor
+parallelism, with ``enforce_eager=True`` and on CPU.
 
 The split count of the decode attention kernel depends on the step's longest context, a host
 value baked into the graph, so it is part of the key: a graph is reused for any step of the
@@ -193,6 +194,7 @@ class PiecewiseGraphs:
         self._split_ops = replace(ops, paged_attention=self._attention)
         self._num_tokens = 0  # the real tokens of the step being run eagerly
         self._capturing: tuple[list, list] | None = None  # (graphs, attention calls)
+        self._stream: torch.cuda.Stream | None = None  # the capture stream
 
     def padded_size(self, num_tokens: int) -> int | None:
         """The capture size a step of ``num_tokens`` runs at, or None (run it eagerly)."""
@@ -206,6 +208,13 @@ class PiecewiseGraphs:
         """Hidden states [size, hidden] of a step (rows past ``len(input_ids)`` are padding),
         in the graphs' output buffer: valid until the next replay. The step's tensors are
         on the device; its slots are ``meta.slot_mapping``."""
+        if not self.graphs and size != self.sizes[-1]:
+            # The largest size first, on no tokens at all (every slot -1, no attention):
+            # the pool's blocks, freed after each capture, are then large enough for every
+            # later size. Captured smallest first, each larger size would need new blocks
+            # while the smaller ones' stay reserved (several GiB at 8B up to 2048 tokens).
+            self.slot_mapping.fill_(-1)
+            self.graphs[self.sizes[-1]] = self._capture(self.sizes[-1], meta, 0)
         n = input_ids.shape[0]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)  # padding rows keep stale ids and positions
@@ -286,7 +295,12 @@ class PiecewiseGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         pieces: list[torch.cuda.CUDAGraph] = []
         calls: list[tuple] = []
-        stream = torch.cuda.Stream(self.device)
+        # One capture stream for every size: the caching allocator reuses a freed block
+        # only for the stream it was allocated on, so a stream per size would keep each
+        # size's blocks to itself.
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         self._capturing = (pieces, calls)
         try:
@@ -297,6 +311,8 @@ class PiecewiseGraphs:
                 except BaseException:
                     with contextlib.suppress(Exception):  # the stream must leave capture
                         pieces[-1].capture_end()
+                    if not self.graphs:  # no graph holds the pool: it cannot take a capture
+                        self.pool = None
                     raise
                 pieces[-1].capture_end()
         finally:

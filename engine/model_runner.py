@@ -179,6 +179,8 @@ class ModelRunner:
         if size is not None:  # a step with prefill tokens (or a decode no graph above holds)
             assert self.piecewise is not None
             hidden = self.piecewise.run(ids, pos, meta, size)
+            if rows.numel() == 0:  # a step of prompt chunks that all end short of sampling
+                return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
             logits = self.model.compute_logits(hidden[rows])
             assert logits is not None  # no tensor parallelism here
             return logits
@@ -254,7 +256,8 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, mcfg: ModelConfig
     # intermediates for steps of up to max_cudagraph_capture_size tokens beside the eager
     # steps' cached blocks.
     per_token = (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
-    graph_tokens = 0 if config.enforce_eager else config.max_cudagraph_capture_size
+    graphs = not config.enforce_eager and config.tensor_parallel_size == 1  # as enable_cuda_graphs
+    graph_tokens = config.max_cudagraph_capture_size if graphs else 0
     activation_bytes = (
         (config.max_num_batched_tokens + min(graph_tokens, config.max_num_batched_tokens))
         * per_token

@@ -3,9 +3,12 @@ test_cuda_engine.py on a GPU)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
 from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, capture_sizes, token_capture_sizes
 from engine.ops import REFERENCE_OPS
@@ -84,3 +87,50 @@ def test_max_cudagraph_capture_size_must_not_be_negative():
     with pytest.raises(ValueError, match="max_cudagraph_capture_size must be >= 0"):
         EngineConfig(max_cudagraph_capture_size=-1)
     assert EngineConfig(max_cudagraph_capture_size=0).max_cudagraph_capture_size == 0
+
+
+def test_piecewise_run_captures_the_largest_size_first_then_replays_around_attention():
+    """The first step of a smaller size captures the largest size first, on no tokens (all
+    slots -1), so later sizes fit in its freed pool blocks; then its own size, on the
+    step's tokens with padding slots -1. A replay runs piece, attention on the real tokens,
+    piece, ..., last piece (captures and replays stand in for CUDA here)."""
+    events = []
+    calls = [("k0", "v0", 0.5, None), ("k1", "v1", 0.5, None)]
+
+    def attention(query, key_cache, *args, out):
+        events.append(("attention", key_cache, query.shape[0], out.shape[0]))
+
+    ops = replace(REFERENCE_OPS, paged_attention=attention)
+    graphs = PiecewiseGraphs(forward=None, ops=ops, device=torch.device("cpu"), max_tokens=40)
+
+    class Piece:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def replay(self) -> None:
+            events.append(("piece", self.i, graphs.slot_mapping[:8].tolist()))
+
+    def capture(size, meta, num_tokens):
+        events.append(("capture", size, num_tokens, graphs.slot_mapping.tolist()))
+        graphs.query = torch.zeros(40, 2, 4)
+        graphs.out = torch.zeros(40, 2, 4)
+        return [Piece(0), Piece(1), Piece(2)], calls, torch.zeros(size, 3)
+
+    graphs._capture = capture
+    meta = AttentionMetadata(torch.tensor([0, 3]), torch.tensor([9]), torch.zeros(1, 1),
+                             torch.tensor([5, 6, 7]), 3, 9)  # fmt: skip
+    ids, pos = torch.tensor([11, 12, 13]), torch.tensor([6, 7, 8])
+    hidden = graphs.run(ids, pos, meta, 4)
+    assert hidden.shape == (4, 3)
+    assert events[0] == ("capture", 40, 0, [-1] * 40)
+    assert events[1][:3] == ("capture", 4, 3) and events[1][3][:5] == [5, 6, 7, -1, -1]
+    assert events[2:] == [
+        ("piece", 0, [5, 6, 7, -1, -1, -1, -1, -1]), ("attention", "k0", 3, 3),
+        ("piece", 1, [5, 6, 7, -1, -1, -1, -1, -1]), ("attention", "k1", 3, 3),
+        ("piece", 2, [5, 6, 7, -1, -1, -1, -1, -1]),
+    ]  # fmt: skip
+    assert graphs.input_ids[:3].tolist() == [11, 12, 13]
+    events.clear()
+    graphs.run(ids[:1], pos[:1], replace(meta, slot_mapping=torch.tensor([9])), 1)
+    assert [e[:3] for e in events if e[0] == "capture"] == [("capture", 1, 1)]
+    assert events[-1][:2] == ("piece", 2) and events[-1][2][:1] == [9]  # the size-1 graph's view
