@@ -22,6 +22,7 @@ from producer.jobs import (
     JobState,
     JobStatus,
     JobStore,
+    chunk_headers,
     errors_key,
     input_key,
     manifest_key,
@@ -160,7 +161,10 @@ class Client:
                 byte_end=offsets[last],
                 enqueued_at=now,
             )
-            self.sender.send_task(RUN_CHUNK_TASK, kwargs=task.model_dump(), queue=queue)
+            self.sender.send_task(
+                RUN_CHUNK_TASK, kwargs=task.model_dump(), queue=queue,
+                headers=chunk_headers(job_id, chunk_index),
+            )  # fmt: skip
         return JobHandle(self, job_id)
 
     def status(self, job_id: str) -> JobStatus:

@@ -196,6 +196,14 @@ class JobStore:
 
 RUN_CHUNK_TASK = "tidal.run_chunk"
 WARMUP_TASK = "tidal.warmup"
+# A chunk message's own header, "{job_id} {chunk_index}": the lost-chunk check reads it from
+# the raw message with one regular expression instead of decoding the message and its body.
+CHUNK_HEADER = "tidal_chunk"
+
+
+def chunk_headers(job_id: str, chunk_index: int) -> dict[str, str]:
+    """The extra Celery message headers of a chunk's ``tidal.run_chunk`` message."""
+    return {CHUNK_HEADER: f"{job_id} {chunk_index}"}
 
 
 class ChunkTask(BaseModel):

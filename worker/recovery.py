@@ -70,13 +70,21 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from producer.jobs import RUN_CHUNK_TASK, ChunkTask, JobState, input_key
+from producer.jobs import (
+    CHUNK_HEADER,
+    RUN_CHUNK_TASK,
+    ChunkTask,
+    JobState,
+    chunk_headers,
+    input_key,
+)
 from producer.queues import (
     LANES,
     job_chunks_key,
@@ -143,9 +151,22 @@ def note_worker_deaths(redis: Any, prefix: str) -> None:
     redis.hset(check_needed_key(prefix), mapping={"since": repr(time.time()), "checks": 0})
 
 
+_CHUNK_HEADER = re.compile(rb'"' + CHUNK_HEADER.encode() + rb'": "([^" ]+) ([0-9]+)"')
+
+
 def chunk_of(raw: bytes | str) -> tuple[str, int] | None:
     """(job id, chunk index) of a Celery message, None for anything else; ``raw`` is a
-    queue entry or an ``unacked`` value (``[message, exchange, routing key]``)."""
+    queue entry or an ``unacked`` value (``[message, exchange, routing key]``). Read from
+    the chunk header (``producer.jobs.CHUNK_HEADER``) where the message has one, else from
+    the decoded message body (messages of producers that predate the header)."""
+    found = _CHUNK_HEADER.search(raw.encode() if isinstance(raw, str) else raw)
+    if found is not None:
+        return found[1].decode(), int(found[2])
+    return chunk_of_body(raw)
+
+
+def chunk_of_body(raw: bytes | str) -> tuple[str, int] | None:
+    """``chunk_of`` from the message's task name and body alone (decoded)."""
     try:
         message = json.loads(raw)
         if isinstance(message, list):
@@ -195,6 +216,7 @@ class LostChunkSweeper:
         self._deaths = r.register_script(_DEATHS)
         self._checked = r.register_script(_CHECKED)
         self._extend = r.register_script(_EXTEND)
+
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -368,7 +390,10 @@ class LostChunkSweeper:
             enqueued_at=float(job["created_at"]),
         )
         queue = queue_name(job["lane"], self.prefix)
-        self.send_task(RUN_CHUNK_TASK, kwargs=task.model_dump(), queue=queue)
+        self.send_task(
+            RUN_CHUNK_TASK, kwargs=task.model_dump(), queue=queue,
+            headers=chunk_headers(job_id, chunk_index),
+        )  # fmt: skip
         self.rt.metrics.chunks_resent.inc()
         logger.warning("chunk %s/%d was in no queue and held by no worker (a worker died "
                        "while fetching it): sent again", job_id, chunk_index)  # fmt: skip

@@ -17,7 +17,7 @@ from producer.queues import job_chunks_key, job_key, open_jobs_key, worker_regis
 from tests.worker.jobcheck import make_client, submit
 from worker.inflight import InflightLeases
 from worker.metrics import WorkerMetrics
-from worker.recovery import KOMBU_UNACKED_KEY, LostChunkSweeper, chunk_of
+from worker.recovery import KOMBU_UNACKED_KEY, LostChunkSweeper, chunk_of, chunk_of_body
 
 LAST_FULL_KEY = "tidal.lost_chunk_check.last_full"
 CHECK_KEY = "tidal.lost_chunk_check"
@@ -46,6 +46,26 @@ def _checks(rt) -> dict[str, float]:
 def _sweep_again(sweeper, interval_s: float):
     time.sleep(interval_s * 1.2)  # the sweep lock (0.9 interval) has expired
     return sweeper.sweep()
+
+
+def test_chunk_of_reads_the_chunk_header_and_agrees_with_the_body(
+    redis_server, s3_endpoint, tmp_path
+):
+    """Chunk messages carry ``tidal_chunk``, read without decoding the message: it must name
+    the chunk the body names, in a queue entry and in an ``unacked`` value alike; a message
+    without it (an older producer) is read from its body."""
+    client = make_client(redis_server.url, s3_endpoint, chunk_size=8)
+    handle, _ = submit(client, tmp_path, num_lines=37, max_tokens=4)  # 5 chunks
+    raws = client.redis.lrange("tidal.normal", 0, -1)
+    assert sorted(chunk_of_body(raw) for raw in raws) == [(handle.job_id, i) for i in range(5)]
+    for raw in raws:
+        message = json.loads(raw)
+        assert message["headers"]["tidal_chunk"] == "{} {}".format(*chunk_of_body(raw))
+        assert chunk_of(raw) == chunk_of_body(raw)
+        assert chunk_of(json.dumps([message, "", "tidal.normal"])) == chunk_of_body(raw)
+        del message["headers"]["tidal_chunk"]
+        assert chunk_of(json.dumps(message)) == chunk_of_body(raw)
+    assert chunk_of(b'{"headers": {"task": "tidal.warmup"}}') is None
 
 
 def test_sweep_resends_only_chunks_nobody_holds_as_the_producer_sent_them(
@@ -311,7 +331,7 @@ def test_a_chunk_of_a_job_too_young_at_the_death_is_still_found(
     r.delete("tidal.normal")
     rt = _runtime(r, client.storage, full_check_interval_s=3600)
 
-    def send(name, kwargs, queue):  # the resent message is queued
+    def send(name, kwargs, queue, headers):  # the resent message is queued
         r.lpush(queue, _chunk_message(kwargs["job_id"], kwargs["chunk_index"]))
 
     sweeper = LostChunkSweeper(rt, send, interval_s)
