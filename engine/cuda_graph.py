@@ -311,10 +311,15 @@ class PiecewiseGraphs:
                 except BaseException:
                     with contextlib.suppress(Exception):  # the stream must leave capture
                         pieces[-1].capture_end()
-                    if not self.graphs:  # no graph holds the pool: it cannot take a capture
-                        self.pool = None
                     raise
                 pieces[-1].capture_end()
+        except BaseException:
+            # Start the next capture afresh: a new stream (a failed capture may leave the
+            # allocator routing this one to the pool), and a new pool if no graph holds it.
+            self._stream = None
+            if not self.graphs:
+                self.pool = None
+            raise
         finally:
             self._capturing = None
         torch.cuda.current_stream(self.device).wait_stream(stream)

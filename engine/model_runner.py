@@ -14,7 +14,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
-from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs
+from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, token_capture_sizes
 from engine.distributed import TensorParallel
 from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
@@ -256,11 +256,12 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, mcfg: ModelConfig
     # intermediates for steps of up to max_cudagraph_capture_size tokens beside the eager
     # steps' cached blocks.
     per_token = (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
-    graphs = not config.enforce_eager and config.tensor_parallel_size == 1  # as enable_cuda_graphs
-    graph_tokens = config.max_cudagraph_capture_size if graphs else 0
+    graph_tokens = 0
+    if not config.enforce_eager and config.tensor_parallel_size == 1:  # as enable_cuda_graphs
+        capture = min(config.max_cudagraph_capture_size, config.max_num_batched_tokens)
+        graph_tokens = token_capture_sizes(capture)[-1] if capture > 0 else 0  # rounded up
     activation_bytes = (
-        (config.max_num_batched_tokens + min(graph_tokens, config.max_num_batched_tokens))
-        * per_token
+        (config.max_num_batched_tokens + graph_tokens) * per_token
         + config.max_num_seqs * mcfg.vocab_size * 8
         + (512 << 20)
     )

@@ -216,7 +216,6 @@ class LostChunkSweeper:
         self._deaths = r.register_script(_DEATHS)
         self._checked = r.register_script(_CHECKED)
         self._extend = r.register_script(_EXTEND)
-
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -353,6 +353,16 @@ def test_decode_waits_as_dependent_launch(splits, fused):
     check(f"graph x{splits}")
 
 
+def test_no_tokens_with_sequences_returns_out_untouched():
+    """The piecewise graphs' first capture runs a step of padding only: no query token, but
+    the step's real metadata (two sequences). Nothing is launched and ``out`` stays as is."""
+    batch = make_batch([(40, 9), (17, 17)], 8, 2, 64, torch.float32)
+    out = torch.full((0, 8, 64), 7.0, device=DEVICE)
+    args = batch.args(64**-0.5)
+    got = paged_attention(batch.query[:0], *args[1:], out=out)
+    assert got is out and got.shape == (0, 8, 64)
+
+
 def test_strided_query_and_out():
     """query viewed out of a fused QKV buffer; the result written into a slice of a buffer."""
     batch = make_batch([(19, 19), (40, 3), (26, 1)], 6, 2, 80, torch.float16)
