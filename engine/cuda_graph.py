@@ -170,7 +170,9 @@ class PiecewiseGraphs:
     copying the rotated queries into a static buffer it reads, and the next piece starts
     from the static buffer it writes. Padding tokens write no cache slot (slot -1) and are
     never attended; they cost their rows of compute. The graphs of one size replay in the
-    order they were captured and no two sizes interleave, so all share one memory pool.
+    order they were captured and no two sizes interleave, so all share one memory pool,
+    captured on one stream and the largest size first (``run``) so that later sizes reuse
+    its blocks.
 
     ``forward`` runs the model with the layer ops it is given; ``ops.paged_attention`` is
     the eager attention.
