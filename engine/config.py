@@ -79,6 +79,14 @@ class EngineConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
 
+    def piecewise_capture_tokens(self) -> int:
+        """The largest step (tokens) replayed from piecewise CUDA graphs: 0 with
+        ``enforce_eager`` or tensor parallelism (steps stay eager there), else
+        ``max_cudagraph_capture_size`` up to ``max_num_batched_tokens`` (no step holds more)."""
+        if self.enforce_eager or self.tensor_parallel_size > 1:
+            return 0
+        return min(self.max_cudagraph_capture_size, self.max_num_batched_tokens)
+
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -105,9 +105,9 @@ class LLMEngine:
             attention_backend=ops.name,
         )
         if not config.enforce_eager:  # CUDA graphs (a no-op on CPU)
-            # no step holds more tokens than max_num_batched_tokens
-            capture = min(config.max_cudagraph_capture_size, config.max_num_batched_tokens)
-            self.runner.enable_cuda_graphs(config.max_num_seqs, max_model_len, capture)
+            self.runner.enable_cuda_graphs(
+                config.max_num_seqs, max_model_len, config.piecewise_capture_tokens()
+            )
         self.pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             KVCacheManager(self.pool, config.block_size),

@@ -171,19 +171,16 @@ class ModelRunner:
                 hidden = self.graphs.run(
                     step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
                 )
-                logits = self.model.compute_logits(hidden[rows])
+                logits = self._logits(hidden, rows)
                 assert logits is not None  # no tensor parallelism here
                 return logits
         ids, pos, meta = self._tensors(step)
-        size = self.piecewise.padded_size(len(step.input_ids)) if self.piecewise else None
-        if size is not None:  # a step with prefill tokens (or a decode no graph above holds)
-            assert self.piecewise is not None
-            hidden = self.piecewise.run(ids, pos, meta, size)
-            if rows.numel() == 0:  # a step of prompt chunks that all end short of sampling
-                return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
-            logits = self.model.compute_logits(hidden[rows])
-            assert logits is not None  # no tensor parallelism here
-            return logits
+        if self.piecewise is not None:  # a step with prefill tokens (or a decode no graph holds)
+            size = self.piecewise.padded_size(len(step.input_ids))
+            if size is not None:
+                logits = self._logits(self.piecewise.run(ids, pos, meta, size), rows)
+                assert logits is not None  # no tensor parallelism here
+                return logits
         if self.tp.is_enabled:
             self.tp.send_step(ids, pos, meta, rows)
         logits = self._forward(ids, pos, meta, rows)
@@ -217,8 +214,11 @@ class ModelRunner:
     def _forward(
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
     ) -> torch.Tensor | None:
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.ops)
-        if rows.numel() == 0:
+        return self._logits(self.model(ids, pos, self.kv_caches, meta, self.ops), rows)
+
+    def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """Float32 logits of the sampling ``rows`` of ``hidden`` (None on ranks > 0)."""
+        if rows.numel() == 0:  # a step of prompt chunks that all end short of sampling
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[rows])
 
@@ -256,10 +256,8 @@ def kv_cache_bytes(config: EngineConfig, device: torch.device, mcfg: ModelConfig
     # intermediates for steps of up to max_cudagraph_capture_size tokens beside the eager
     # steps' cached blocks.
     per_token = (4 * mcfg.intermediate_size + 8 * mcfg.hidden_size) * 4
-    graph_tokens = 0
-    if not config.enforce_eager and config.tensor_parallel_size == 1:  # as enable_cuda_graphs
-        capture = min(config.max_cudagraph_capture_size, config.max_num_batched_tokens)
-        graph_tokens = token_capture_sizes(capture)[-1] if capture > 0 else 0  # rounded up
+    capture = config.piecewise_capture_tokens()
+    graph_tokens = token_capture_sizes(capture)[-1] if capture > 0 else 0  # rounded up
     activation_bytes = (
         (config.max_num_batched_tokens + graph_tokens) * per_token
         + config.max_num_seqs * mcfg.vocab_size * 8
