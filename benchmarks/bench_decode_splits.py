@@ -30,10 +30,10 @@ from benchmarks.bench_attention import (
 )
 from kernels.paged_attention import (
     _launch_decode,
-    _num_sms,
     _pick_decode_config,
     default_num_kv_splits,
 )
+from kernels.pdl import num_sms
 
 SHAPES = [(b, c) for b in (1, 2, 4, 8, 12) for c in (512, 1024, 2048, 4096, 8192)]
 SHAPES += [(16, 512), (16, 1024), (16, 2048), (16, 8192), (24, 512), (24, 2048), (32, 512),
@@ -73,7 +73,7 @@ def main() -> None:
         sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
         del sdpa
         rule = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
-        before = previous_rule(batch, ctx, _num_sms(device))
+        before = previous_rule(batch, ctx, num_sms(device))
         cells = []
         for splits in sorted({max(1, rule // 2), rule, min(64, rule * 2), before}):
             config = _pick_decode_config(

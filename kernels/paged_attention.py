@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl
+from kernels.pdl import has_pdl, num_sms
 
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range until the (sequence, KV head) programs number more than
@@ -593,16 +593,6 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-_NUM_SMS: dict[int, int] = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _NUM_SMS:
-        _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _NUM_SMS[index]
-
-
 def default_num_kv_splits(
     num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device
 ) -> int:
@@ -619,14 +609,14 @@ def default_num_kv_splits(
     if device.type != "cuda" or max_query_len > 1:
         return 1
     num_programs = num_seqs * num_kv_heads
-    num_sms = _num_sms(device)
+    sms = num_sms(device)
     max_splits = max(1, min(max_seq_len // _MIN_SPLIT, _MAX_KV_SPLITS))
     splits = 1
-    while 2 * splits <= max_splits and num_programs * splits <= _MIN_PROGRAMS_PER_SM * num_sms:
+    while 2 * splits <= max_splits and num_programs * splits <= _MIN_PROGRAMS_PER_SM * sms:
         splits *= 2
     while (
         2 * splits <= max_splits
-        and num_programs * 2 * splits <= _SPLIT_PROGRAMS_PER_SM * num_sms
+        and num_programs * 2 * splits <= _SPLIT_PROGRAMS_PER_SM * sms
         and max_seq_len // (2 * splits) >= _LONG_SPLIT
     ):
         splits *= 2

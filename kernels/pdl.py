@@ -28,6 +28,18 @@ def is_sm90(device: torch.device) -> bool:
     return _capability_major(index) >= 9
 
 
+@functools.cache
+def _multi_processors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """The number of multiprocessors of CUDA ``device``, looked up once per device (grid sizes
+    of persistent and split launches follow from it)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _multi_processors(index)
+
+
 def has_pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
     return is_sm90(device)

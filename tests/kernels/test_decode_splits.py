@@ -24,7 +24,7 @@ H200_SPLITS = {
 
 @pytest.mark.parametrize("batch", sorted(H200_SPLITS))
 def test_split_counts_on_an_h200(monkeypatch, batch):
-    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(pa, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")  # only its type is read
     got = [
         pa.default_num_kv_splits(batch, 8, 1, ctx, cuda) for ctx in (512, 1024, 2048, 4096, 8192)
@@ -33,7 +33,7 @@ def test_split_counts_on_an_h200(monkeypatch, batch):
 
 
 def test_no_split_off_cuda_prefill_or_short_contexts(monkeypatch):
-    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(pa, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")
     assert pa.default_num_kv_splits(1, 8, 1, 8192, torch.device("cpu")) == 1
     assert pa.default_num_kv_splits(1, 8, 2, 8192, cuda) == 1  # a prefill chunk in the step
