@@ -10,8 +10,7 @@ Tiles: wgmma N = ROWS (default 8 and 16), 128 weight rows, K tiles of 128, 4 war
 bf16, no split (the table's tiling for wide weights at M = 1 and 16).
 
 ``--race`` instead checks the table's large-M tilings, with and without two wgmmas in flight
-(``pipe``) and as persistent stream-K programs (``stream``, 128 x rows and up), for writes
-to an in-flight wgmma's register operand (``inflight_operand_writes``).
+(``pipe``), for writes to an in-flight wgmma's register operand (``inflight_operand_writes``).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ def compile_swap(
     warps: int = WARPS,
     specialized: bool = False,
     pipe: bool = False,
-    stream: bool = False,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -65,21 +63,18 @@ def compile_swap(
         "ws_ptr": torch.empty(1, dtype=torch.float32),
         "lock_ptr": torch.empty(1, dtype=torch.int32),
         **dict.fromkeys(["M", "N", "K", "k_per_split", "num_splits", "stride_out_m"], 4096),
-        "stream_q": 7,
-        "stream_r": 3,
     }
     words = W._frag_words_layout if frag else W._fragment_words_layout
     constexprs = {
         "L3": words(block_n, BLOCK_K // 8, warps),
         "S_LAYOUT": W._fragment_words_layout(block_n, 1, warps, row=True),
         "GROUP_TILES": 1,
-        "MODE": 3 if stream else 0,
+        "MODE": 0,
         "NUM_STAGES": stages,
         "SPECIALIZED": specialized,
         "FRAG": frag,
         "PARTS": 0,
         "PIPE": pipe,
-        "STREAM": stream,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel
@@ -147,15 +142,12 @@ def check_races() -> None:
     for rows, block_n, stages, warps, specialized in tilings:
         for frag in (False, True):
             for pipe in (False, True):
-                for stream in (False, True) if rows >= 128 else (False,):
-                    cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe,
-                                         stream)  # fmt: skip
-                    races = inflight_operand_writes(cubin)
-                    print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
-                          f"{'specialized' if specialized else 'plain'}, "
-                          f"{'fragment' if frag else 'canonical'}, pipe={pipe}, "
-                          f"stream={stream}: {len(races)} writes to in-flight operands "
-                          f"{races[:3]}")  # fmt: skip
+                cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe)
+                races = inflight_operand_writes(cubin)
+                print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
+                      f"{'specialized' if specialized else 'plain'}, "
+                      f"{'fragment' if frag else 'canonical'}, pipe={pipe}: "
+                      f"{len(races)} writes to in-flight operands {races[:3]}")  # fmt: skip
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ from kernels.int4_weight import (
     unpack_words,
 )
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl, is_sm90, num_sms
+from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
@@ -754,7 +754,6 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
             return int4_wgmma_swap(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
                 cfg.num_warps, cfg.specialized, pipe=cfg.pipe,
-                stream=cfg.stream * num_sms(x.device),
             )  # fmt: skip
         # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads fragment-ordered words,
         # and above M = 256 it is what the table took before the swapped kernel ran there

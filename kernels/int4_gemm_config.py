@@ -51,9 +51,7 @@ class Int4GemmConfig:
     ``wgmma`` with ``swap`` only: ``specialized`` moves the TMA refills to a producer warp
     (warp specialization; the decoding warps hand ring slots back through empty barriers);
     ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
-    for; 3 or more stages); ``stream`` > 0 runs that many persistent programs per
-    multiprocessor, which share the (tile, K tile) units evenly (stream-K, with ``split_k``
-    1), so the last wave is as full as the others.
+    for; 3 or more stages).
     """
 
     strategy: str
@@ -74,7 +72,6 @@ class Int4GemmConfig:
     pdl: bool = False
     specialized: bool = False
     pipe: bool = False
-    stream: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -85,14 +82,9 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
-        for name in ("specialized", "pipe", "stream"):
+        for name in ("specialized", "pipe"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
-        if self.stream < 0 or (self.stream and self.split_k != 1):
-            raise ValueError(
-                f"stream must be >= 0 and needs split_k=1, got stream={self.stream}, "
-                f"split_k={self.split_k}"
-            )
         if self.pipe and self.num_stages < 3:
             raise ValueError(f"pipe needs num_stages >= 3, got {self.num_stages}")
 

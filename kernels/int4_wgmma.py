@@ -310,9 +310,7 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
                      GROUP_TILES: gl.constexpr):  # fmt: skip
     """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
     slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
-    proxy fence before every refill). ``kt`` counts the ring's tiles: a persistent program
-    (``STREAM``) keeps counting across its segments, so ``num_k`` is where this segment's
-    count ends and ``k_tile0`` the K tile that count 0 would have been."""
+    proxy fence before every refill)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     slot = kt % NUM_STAGES
     pred = kt < num_k
@@ -379,13 +377,12 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
 
 @gluon.jit
 def _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                  kt, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                  kt, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
                   GROUP_TILES: gl.constexpr, SPECIALIZED: gl.constexpr):  # fmt: skip
-    """Once every warp is past the wait for K tile kt's wgmma (kt >= c0, the segment's first
-    count), its ring slot is handed back to the producer warp (``SPECIALIZED``) or refilled
-    with tile kt + NUM_STAGES."""
+    """Once every warp is past the wait for K tile kt's wgmma (kt >= 0), its ring slot is
+    handed back to the producer warp (``SPECIALIZED``) or refilled with tile kt + NUM_STAGES."""
     gl.thread_barrier()
-    if kt >= c0:
+    if kt >= 0:
         if SPECIALIZED:
             mbarrier.arrive(empty.index(kt % NUM_STAGES))
         else:
@@ -396,20 +393,16 @@ def _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_buf
 
 @gluon.jit
 def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                   empty, c0, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
+                   empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
                    SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, num_warps: gl.constexpr,
-                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False,
-                   STREAM: gl.constexpr = False):  # fmt: skip
-    """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the ring counts c0 .. num_k - 1
-    (K tiles k_tile0 + count; ``_load_swap_stage``), in a 1-tuple, as a warp-specialized
-    default partition returns. Once a ring slot is done with, it is refilled here, or with
-    ``SPECIALIZED`` handed back to the producer warp through its empty barrier. ``PARTS``
-    (not SPECIALIZED, c0 = 0; for ``benchmarks/bench_int4_parts.py``): 1 runs the TMA ring
-    and each tile's wgmma on an operand of ones instead of the decoded weight (acc = the sums
-    of x's rows), 2 the ring alone (acc = 0). ``STREAM`` (a persistent program's segment):
-    every slot is handed back, the last one too, since the ring goes on into the next
-    segment, and with ``PIPE`` an odd number of tiles is allowed."""
+                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False):  # fmt: skip
+    """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
+    1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
+    it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
+    empty barrier. ``PARTS`` (not SPECIALIZED; for ``benchmarks/bench_int4_parts.py``): 1
+    runs the TMA ring and each tile's wgmma on an operand of ones instead of the decoded
+    weight (acc = the sums of x's rows), 2 the ring alone (acc = 0)."""
     dtype: gl.constexpr = x_desc.dtype
     IS_BF16: gl.constexpr = dtype == gl.bfloat16
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -439,56 +432,42 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
                              ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
                              GROUP_TILES)  # fmt: skip
         return (acc,)
-    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, c0, sel, a_layout, q_layout, S_LAYOUT,
+    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
                      NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
     if PIPE:
-        # Two wgmmas in flight, over pairs of K tiles: tile kt is issued, the wait is for tile
-        # kt - 1 only, and tile kt + 1 is decoded while kt multiplies, so its wgmma queues
-        # behind kt's and the tensor cores do not idle while the warps wait, sync and refill.
-        # Even and odd tiles decode into two operands (a0, a1) that each stay in their
-        # registers from their decode until the wait after the next tile's issue (the wait's
-        # deps keep them live): a wgmma reads its register operand asynchronously, so a
-        # loop-carried operand copied into place each iteration would be overwritten while
+        # Two wgmmas in flight, over pairs of K tiles (num_k even): tile kt is issued, the
+        # wait is for tile kt - 1 only, and tile kt + 1 is decoded while kt multiplies, so its
+        # wgmma queues behind kt's and the tensor cores do not idle while the warps wait, sync
+        # and refill. Even and odd tiles decode into two operands (a0, a1) that each stay in
+        # their registers from their decode until the wait after the next tile's issue (the
+        # wait's deps keep them live): a wgmma reads its register operand asynchronously, so
+        # a loop-carried operand copied into place each iteration would be overwritten while
         # the previous wgmma still reads it.
         a0 = a
         a1 = a
-        for kp in range((num_k - c0) // 2):
-            kt = c0 + 2 * kp
+        for kp in range(num_k // 2):
+            kt = 2 * kp
             acc = warpgroup_mma(a0, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc,
                                 is_async=True)  # fmt: skip
             acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                          empty, kt - 1, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                          GROUP_TILES, SPECIALIZED)  # fmt: skip
+                          empty, kt - 1, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          SPECIALIZED)  # fmt: skip
             a1 = _decode_step(q_bufs, s_bufs, o_bufs, ready, kt + 1, sel, a_layout, q_layout,
                               S_LAYOUT, NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
             acc = warpgroup_mma(a1, x_bufs.index((kt + 1) % NUM_STAGES).permute((1, 0)), acc,
                                 is_async=True)  # fmt: skip
             acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                          empty, kt, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
                           SPECIALIZED)  # fmt: skip
             # the last pair decodes its own last tile again (never refilled) instead of past K
             a0 = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 2, num_k - 1), sel,
                               a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
                               FRAG)  # fmt: skip
-        if STREAM:
-            last = num_k - 1
-            if (num_k - c0) % 2 == 1:  # an odd tile left, decoded into a0 above
-                acc = warpgroup_mma(a0, x_bufs.index(last % NUM_STAGES).permute((1, 0)), acc,
-                                    is_async=True)  # fmt: skip
-                acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
-                _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                              ready, empty, last - 1, c0, num_k, k_tile0, off_m, off_n,
-                              NUM_STAGES, GROUP_TILES, SPECIALIZED)  # fmt: skip
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
-            _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                          empty, last, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                          GROUP_TILES, SPECIALIZED)  # fmt: skip
-        else:
-            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
         return (acc,)
-    for kt in range(c0, num_k):
+    for kt in range(num_k):
         acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
         # the next tile (the last one again at the end: its slot is never refilled) is decoded
         # while the tensor cores multiply this one
@@ -501,7 +480,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         # every warp is past its wait and has read its words of tile kt (decoded one step
         # earlier) before the slot is refilled with tile kt + NUM_STAGES
         _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, kt, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                      empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
                       SPECIALIZED)  # fmt: skip
         a = a_next
     return (acc,)
@@ -509,128 +488,15 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 
 @gluon.jit
 def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                   empty, c0, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
+                   empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
                    GROUP_TILES: gl.constexpr):  # fmt: skip
-    """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with ring count kt (K
-    tile k_tile0 + kt), kt = c0 .. num_k - 1, once the consumers released it (an empty
-    barrier's previous phase counts as done at the start)."""
-    for kt in range(c0, num_k):
+    """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
+    consumers released it (an empty barrier's previous phase counts as done at the start)."""
+    for kt in range(num_k):
         slot = kt % NUM_STAGES
         mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
         _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                          kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
-
-
-@gluon.jit
-def _stream_owner(u, q, r):
-    """The persistent program whose range of (tile, K tile) units holds unit u: programs
-    0 .. r - 1 take q + 1 units each, the others q (``STREAM``)."""
-    big = r * (q + 1)
-    if u < big:
-        p = u // (q + 1)
-    else:
-        p = r + (u - big) // q
-    return p
-
-
-@gluon.jit
-def _stream_segment(u, u1, iters, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The segment of a persistent program starting at unit u (its range ends at u1): the
-    output tile, its first K tile, how many K tiles (<= 0 past the range) and the tile's
-    offsets. Units run along K within a tile, tiles along N first, as the split grid."""
-    tile = u // iters
-    ks = u - tile * iters
-    n = gl.minimum(iters - ks, u1 - u)
-    return tile, ks, n, (tile // num_pid_n) * BLOCK_M, (tile % num_pid_n) * BLOCK_N
-
-
-@gluon.jit
-def _stream_range(q, r):
-    """This persistent program's units [u, u1) (``_stream_owner``)."""
-    pid = gl.program_id(0)
-    u = pid * q + gl.minimum(pid, r)
-    u1 = u + q
-    if pid < r:
-        u1 = u1 + 1
-    return u, u1
-
-
-@gluon.jit
-def _swap_stream(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                 out_ptr, ws_ptr, lock_ptr, M, N, K, q, r, stride_out_m, L3: gl.constexpr,
-                 S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, MODE: gl.constexpr,
-                 NUM_STAGES: gl.constexpr, SPECIALIZED: gl.constexpr, FRAG: gl.constexpr,
-                 num_warps: gl.constexpr, PIPE: gl.constexpr):  # fmt: skip
-    """A persistent program (stream-K; ``STREAM``): the (output tile, K tile) units run tile
-    after tile, K fastest, and each program takes an even share of them, q or q + 1, so every
-    multiprocessor gets the same work whatever the number of tiles. A share crosses tile
-    boundaries: each piece of a tile (a segment) runs the main loop on its K tiles, the ring
-    counting on across segments. A tile done by one program is stored; otherwise each of its
-    programs stores its partial in its own slot and the last to finish (the tile's ticket)
-    adds them in order (MODE 3, or MODE 1's atomics inside a capture). Without
-    ``SPECIALIZED`` the next segment's first ring slots are requested before this one's
-    epilogue, so their latency hides behind it; with it the producer warp runs ahead alone."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    iters = gl.cdiv(K, BLOCK_K)
-    pid = gl.program_id(0)
-    u, u1 = _stream_range(q, r)
-    c = u * 0  # the ring's count, on across segments
-    tile, ks, n, off_m, off_n = _stream_segment(u, u1, iters, num_pid_n, BLOCK_M, BLOCK_N)
-    if not SPECIALIZED:
-        for i in gl.static_range(NUM_STAGES):
-            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, c + i, c + n, ks - c, off_m, off_n, NUM_STAGES,
-                             GROUP_TILES)  # fmt: skip
-    while u < u1:
-        (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                ready, empty, c, c + n, ks - c, off_m, off_n, L3, S_LAYOUT,
-                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps, 0, PIPE,
-                                True)  # fmt: skip
-        first = _stream_owner(tile * iters, q, r)
-        last = _stream_owner(tile * iters + iters - 1, q, r)
-        this_tile = tile
-        this_m = off_m
-        this_n = off_n
-        c = c + n
-        u = u + n
-        tile, ks, n, off_m, off_n = _stream_segment(u, u1, iters, num_pid_n, BLOCK_M, BLOCK_N)
-        if not SPECIALIZED:  # the next segment's first slots (none past the range)
-            for i in gl.static_range(NUM_STAGES):
-                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs,
-                                 o_bufs, ready, c + i, c + n, ks - c, off_m, off_n, NUM_STAGES,
-                                 GROUP_TILES)  # fmt: skip
-        if first == last:
-            _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, this_tile, 0, 1, M, N, this_m, this_n,
-                           stride_out_m, 0)  # fmt: skip
-        else:
-            _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, this_tile, pid - first,
-                           last - first + 1, M, N, this_m, this_n, stride_out_m,
-                           MODE)  # fmt: skip
-
-
-@gluon.jit
-def _swap_stream_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                          ready, empty, N, K, q, r, NUM_STAGES: gl.constexpr,
-                          GROUP_TILES: gl.constexpr):  # fmt: skip
-    """The producer warp of a warp-specialized persistent program: the same segments as
-    ``_swap_stream``, each one's K tiles into the ring as slots come free."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    iters = gl.cdiv(K, BLOCK_K)
-    u, u1 = _stream_range(q, r)
-    c = u * 0
-    while u < u1:
-        tile, ks, n, off_m, off_n = _stream_segment(u, u1, iters, num_pid_n, BLOCK_M, BLOCK_N)
-        _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                       empty, c, c + n, ks - c, off_m, off_n, NUM_STAGES,
-                       GROUP_TILES)  # fmt: skip
-        c = c + n
-        u = u + n
 
 
 @gluon.jit
@@ -648,8 +514,6 @@ def _int4_wgmma_swap_kernel(
     k_per_split,
     num_splits,
     stride_out_m,
-    stream_q,  # STREAM: units per persistent program (stream_r of them take one more)
-    stream_r,
     L3: gl.constexpr,  # layout of the [BLOCK_N, WORDS, 4] decode (``_fragment_words_layout``)
     S_LAYOUT: gl.constexpr,  # layout of a [1, BLOCK_N] scale row, rows as L3
     GROUP_TILES: gl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
@@ -660,7 +524,6 @@ def _int4_wgmma_swap_kernel(
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
-    STREAM: gl.constexpr = False,  # persistent programs, stream-K (``_swap_stream``)
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -688,68 +551,39 @@ def _int4_wgmma_swap_kernel(
 
     k_tile0 = pid_k * (k_per_split // BLOCK_K)
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
-    if STREAM:
-        if SPECIALIZED:
-            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(NUM_STAGES):
-                mbarrier.init(empty.index(i), count=1)
-            gl.warp_specialize(
-                [
-                    (_swap_stream,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, out_ptr, ws_ptr, lock_ptr, M, N, K, stream_q, stream_r,
-                      stride_out_m, L3, S_LAYOUT, GROUP_TILES, MODE, NUM_STAGES, SPECIALIZED,
-                      FRAG, num_warps, PIPE)),
-                    (_swap_stream_producer,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, N, K, stream_q, stream_r, NUM_STAGES, GROUP_TILES)),
-                ],
-                [1],
-                [40],
-            )  # fmt: skip
-            for i in gl.static_range(NUM_STAGES):
-                mbarrier.invalidate(empty.index(i))
-        else:
-            _swap_stream(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                         ready, out_ptr, ws_ptr, lock_ptr, M, N, K, stream_q, stream_r,
-                         stride_out_m, L3, S_LAYOUT, GROUP_TILES, MODE, NUM_STAGES,
-                         SPECIALIZED, FRAG, num_warps, PIPE)  # fmt: skip
+    if SPECIALIZED:
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
-            mbarrier.invalidate(ready.index(i))
+            mbarrier.init(empty.index(i), count=1)
+        (acc,) = gl.warp_specialize(
+            [
+                (_swap_mainloop,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
+                  SPECIALIZED, FRAG, num_warps, 0, PIPE)),
+                (_swap_producer,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
+                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
+            ],
+            [1],
+            [40],
+        )  # fmt: skip
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(empty.index(i))
     else:
-        if SPECIALIZED:
-            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(NUM_STAGES):
-                mbarrier.init(empty.index(i), count=1)
-            (acc,) = gl.warp_specialize(
-                [
-                    (_swap_mainloop,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                      0, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
-                      SPECIALIZED, FRAG, num_warps, 0, PIPE)),
-                    (_swap_producer,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                      0, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
-                ],
-                [1],
-                [40],
-            )  # fmt: skip
-            for i in gl.static_range(NUM_STAGES):
-                mbarrier.invalidate(empty.index(i))
-        else:
-            for i in gl.static_range(NUM_STAGES):
-                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                 ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                                 GROUP_TILES)  # fmt: skip
-            # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
-            (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                    ready, ready, 0, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
-                                    GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps,
-                                    PARTS, PIPE)  # fmt: skip
         for i in gl.static_range(NUM_STAGES):
-            mbarrier.invalidate(ready.index(i))
-        _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
-                       stride_out_m, MODE)  # fmt: skip
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES)  # fmt: skip
+        # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
+        (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                                ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
+                                GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps,
+                                PARTS, PIPE)  # fmt: skip
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+    _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
+                   stride_out_m, MODE)  # fmt: skip
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -897,7 +731,6 @@ def int4_wgmma_swap(
     parts: int = 0,
     slots: bool = True,
     pipe: bool = False,
-    stream: int = 0,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -914,20 +747,13 @@ def int4_wgmma_swap(
     keeps two wgmmas in flight (tile kt + 1 issued before tile kt is waited for; needs 3 or
     more stages), so the tensor cores need not idle while the warps wait, sync and refill;
     it takes K tiles in pairs, so where a split has an odd number of them the plain loop
-    runs instead. ``stream`` > 0 (``split_k`` 1): that many persistent programs (at most
-    one per (tile, K tile) unit) share the units evenly, stream-K (``_swap_stream``): a
-    program's share may end inside a tile, whose partials are then added as split-K's."""
+    runs instead."""
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
     if pipe and (parts or num_stages < 3):
         raise ValueError(
             f"pipe needs parts=0 and num_stages >= 3 (a slot is refilled one tile later), "
             f"got parts={parts}, num_stages={num_stages}"
-        )
-    if stream < 0 or (stream and (split_k != 1 or parts)):
-        raise ValueError(
-            f"stream must be >= 0, and > 0 needs split_k=1 and parts=0; got stream={stream}, "
-            f"split_k={split_k}, parts={parts}"
         )
     m, k = x.shape
     n, g = weight.out_features, weight.group_size
@@ -939,14 +765,7 @@ def int4_wgmma_swap(
     num_splits = _cdiv(k, k_per_split)
     num_tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
     last_tiles = _cdiv(k - (num_splits - 1) * k_per_split, block_k)
-    if stream:  # units q or q + 1 per program; a tile meets at most `contributors` of them
-        iters = _cdiv(k, block_k)
-        programs = min(stream, num_tiles * iters)
-        stream_q, stream_r = divmod(num_tiles * iters, programs)
-        contributors = min(iters, (iters + stream_q - 2) // stream_q + 1)
-    else:
-        pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
-        programs, stream_q, stream_r, contributors = num_tiles, 1, 0, num_splits
+    pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
     # the weight's descriptors, built once per tiling (``Int4Weight.memo``)
     descs = weight.memo.get(("swap", block_n, block_k))
     if descs is None:
@@ -960,12 +779,11 @@ def int4_wgmma_swap(
             ),
         )
         weight.memo["swap", block_n, block_k] = descs
-    mode, out, ws, locks = split_k_output(x, m, n, contributors, num_tiles, slots=slots)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     group_tiles = 0 if g == k else g // block_k
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
-           group_tiles, mode, bool(stream), x.dtype, weight.scales.dtype,
-           weight.offsets.dtype)  # fmt: skip
+           group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -980,8 +798,6 @@ def int4_wgmma_swap(
         "k_per_split": k_per_split,
         "num_splits": num_splits,
         "stride_out_m": out.stride(0),
-        "stream_q": stream_q,
-        "stream_r": stream_r,
         "L3": (_frag_words_layout if frag else _fragment_words_layout)(
             block_n, block_k // 8, num_warps
         ),
@@ -993,8 +809,6 @@ def int4_wgmma_swap(
         "FRAG": frag,
         "PARTS": parts,
         "PIPE": pipe,
-        "STREAM": bool(stream),
     }
-    grid = (programs, 1) if stream else (num_tiles, num_splits)
-    _SWAP_LAUNCH(grid, key, **args, num_warps=num_warps)
+    _SWAP_LAUNCH((num_tiles, num_splits), key, **args, num_warps=num_warps)
     return out.to(x.dtype) if mode == 1 else out

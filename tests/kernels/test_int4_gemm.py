@@ -224,12 +224,6 @@ def test_bad_input_raises():
         Int4GemmConfig("mm", pipe=True)
     with pytest.raises(ValueError, match="num_stages >= 3"):
         Int4GemmConfig("wgmma", swap=True, num_stages=2, pipe=True)
-    with pytest.raises(ValueError, match="stream applies"):
-        Int4GemmConfig("wgmma", stream=1)
-    with pytest.raises(ValueError, match="needs split_k=1"):
-        Int4GemmConfig("wgmma", swap=True, split_k=2, stream=1)
-    with pytest.raises(ValueError, match="stream must be >= 0"):
-        Int4GemmConfig("wgmma", swap=True, stream=-1)
     with pytest.raises(ValueError, match="equal K"):
         Int4Weight.cat_n([w, random_weight(16, 128, 32, seed=4)])
 

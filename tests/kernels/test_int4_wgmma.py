@@ -221,66 +221,6 @@ def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
         int4_wgmma_swap(x, words, 16, 64, 128, 1, 2, 4, pipe=True)
 
 
-# Persistent stream-K programs: (block_m, block_n, block_k, stages, warps, specialized, pipe).
-STREAM_TILES = [(128, 64, 128, 3, 4, False, False), (128, 64, 128, 3, 4, False, True),
-                (256, 128, 128, 3, 8, True, True), (128, 64, 128, 4, 4, True, False),
-                (64, 64, 64, 4, 4, False, True)]  # fmt: skip
-
-
-@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
-@pytest.mark.parametrize("tiles", STREAM_TILES, ids=lambda t: "x".join(map(str, t)))
-def test_swap_stream_k(tiles, frag):
-    """``stream``: persistent programs sharing the (tile, K tile) units evenly. K = 1408 is 11
-    K tiles of 128 (22 of 64), so shares end inside tiles at odd places: program counts give
-    tiles done by one program, by two or three (partials added by the last), one unit per
-    program (every K tile its own partial), and more programs than units (capped). Each must
-    agree with the reference, repeat bitwise (the partials are added in a fixed order), and
-    with ``pipe`` agree bitwise with the one-at-a-time loop over the same segments (odd
-    segments end in a single tile); masked N and M."""
-    block_m, block_n, block_k, stages, warps, specialized, pipe = tiles
-    if frag and block_k != 128:
-        pytest.skip("fragment order: K tiles of 128")
-    k = 1408
-    weight = random_weight(1000 + 40, k, 128, seed=23)
-    words = weight.to_frag() if frag else weight
-    iters = k // block_k
-    for m in (37, 300):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        ref = int4_gemm_ref(x, weight)
-        tiles_mn = -(-m // block_m) * -(-1040 // block_n)
-        for programs in (tiles_mn, 7, 2 * tiles_mn + 3, tiles_mn * iters, 10**6):
-
-            def run(pipe=pipe, programs=programs, x=x):
-                return int4_wgmma_swap(x, words, block_m, block_n, block_k, 1, stages, warps,
-                                       specialized=specialized, pipe=pipe,
-                                       stream=programs)  # fmt: skip
-
-            what = f"stream {tiles} M={m} programs={programs}"
-            out = run()
-            assert_close(out, ref, torch.bfloat16, what)
-            assert torch.equal(run(), out), f"{what}: a repeated call differs"
-            if pipe:
-                assert torch.equal(run(pipe=False), out), f"{what}: differs from the plain loop"
-    with pytest.raises(ValueError, match="needs split_k=1"):
-        int4_wgmma_swap(x, words, block_m, block_n, block_k, 2, stages, warps, stream=8)
-
-
-def test_swap_stream_k_graph_replay_and_fp16():
-    """A stream-K launch replays in a CUDA graph (the tiles' tickets are back at 0 after each
-    call), in fp16 too."""
-    weight = random_weight(1000 + 40, 1408, 128, seed=29)
-    x = torch.randn(200, 1408, device="cuda", dtype=torch.float16)
-    assert_close(int4_wgmma_swap(x, weight, 128, 64, 128, 1, 3, 4, stream=29),
-                 int4_gemm_ref(x, weight), torch.float16, "stream fp16")  # fmt: skip
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = int4_wgmma_swap(x, weight, 128, 64, 128, 1, 3, 4, stream=29)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert_close(out, int4_gemm_ref(x, weight), torch.float16, "stream graph replay")
-
-
 def test_swap_eager_launches_from_the_cache():
     """Eager calls after the first of a specialization launch the compiled kernel directly
     (``kernels.launch.FastLaunch``): one cache entry per specialization (M = 16 and 17 differ
