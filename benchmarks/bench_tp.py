@@ -8,7 +8,11 @@ prefilled; each timed pass follows an untimed one of the same shape), and, for t
 ``--throughput-shapes``, a batch of prompts run to completion.
 
     python benchmarks/bench_tp.py                       # 8b tp1, 8b tp2, 70b tp2 (GPUs)
+    python benchmarks/bench_tp.py --runs 8b:2,8b:2:eager  # CUDA graphs against eager
     python benchmarks/bench_tp.py --runs tiny:1,tiny:2  # CPU smoke (gloo)
+
+A run is ``shape:tp`` (CUDA graphs on GPUs, the engine's default) or ``shape:tp:eager``
+(``enforce_eager=True``).
 """
 
 from __future__ import annotations
@@ -115,8 +119,9 @@ def throughput(
     }
 
 
-def run_one(shape: str, tp: int, args) -> dict:
-    """Build the engine for ``shape`` at ``tp`` ranks and measure it (in this process)."""
+def run_one(shape: str, tp: int, args, eager: bool = False) -> dict:
+    """Build the engine for ``shape`` at ``tp`` ranks (``eager``: no CUDA graphs) and
+    measure it (in this process)."""
     import torch
 
     from engine.config import EngineConfig
@@ -133,12 +138,13 @@ def run_one(shape: str, tp: int, args) -> dict:
         max_model_len=2048,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_memory_bytes=(64 << 20) if on_cpu else None,
+        enforce_eager=eager,
     )
     start = time.perf_counter()
     engine = LLMEngine(config)
     if not on_cpu:
         torch.cuda.synchronize()
-    result = {"shape": shape, "tp": tp, "load_s": time.perf_counter() - start}
+    result = {"shape": shape, "tp": tp, "eager": eager, "load_s": time.perf_counter() - start}
     result["num_kv_blocks"] = engine.runtime.num_kv_blocks
     vocab = SHAPES[shape]["vocab_size"]
     try:
@@ -158,7 +164,9 @@ def run_one(shape: str, tp: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", default="8b:1,8b:2,70b:2", help="shape:tp,... (each a process)")
+    parser.add_argument(
+        "--runs", default="8b:1,8b:2,70b:2", help="shape:tp[:eager],... (each a process)"
+    )
     parser.add_argument("--throughput-shapes", default="8b,tiny")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--num-decode", type=int, default=32)
@@ -169,8 +177,11 @@ def main() -> None:
     parser.add_argument("--throughput", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        shape, tp = args.one.split(":")
-        print("RESULT " + json.dumps(run_one(shape, int(tp), args)), flush=True)
+        shape, tp, *mode = args.one.split(":")
+        if mode not in ([], ["eager"]):
+            raise SystemExit(f"a run is shape:tp or shape:tp:eager, got {args.one!r}")
+        result = run_one(shape, int(tp), args, eager=mode == ["eager"])
+        print("RESULT " + json.dumps(result), flush=True)
         return
     results = []
     for run in args.runs.split(","):
@@ -196,12 +207,16 @@ def main() -> None:
         results.append(result)
         rounded = {k: round(v, 2) if isinstance(v, float) else v for k, v in result.items()}
         print(json.dumps(rounded), flush=True)
-    by_run = {(r["shape"], r["tp"]): r for r in results}
-    for shape in {r["shape"] for r in results}:
-        one, two = by_run.get((shape, 1)), by_run.get((shape, 2))
-        if one and two:
-            for key in sorted(k for k in one if "tok_per_s" in k):
-                print(f"{shape} {key}: TP=2 / TP=1 = {two[key] / one[key]:.2f}x")
+    by_run = {(r["shape"], r["tp"], r["eager"]): r for r in results}
+    for shape, tp, eager in sorted(by_run):
+        mode = "eager" if eager else "graphs"
+        this, one, graphs = (by_run[shape, tp, eager], by_run.get((shape, 1, eager)),
+                             by_run.get((shape, tp, False)))  # fmt: skip
+        for key in sorted(k for k in this if "tok_per_s" in k):
+            if tp == 2 and one:
+                print(f"{shape} {mode} {key}: TP=2 / TP=1 = {this[key] / one[key]:.2f}x")
+            if eager and graphs:
+                print(f"{shape} TP={tp} {key}: graphs / eager = {graphs[key] / this[key]:.2f}x")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "bench_tp.json").write_text(json.dumps(results, indent=1))
 

@@ -28,7 +28,7 @@ class EngineConfig:
     on CUDA (minus what the model took), else 1 GiB on CPU. On CUDA, unless
     ``enforce_eager`` is set, decode steps replay from CUDA graphs and other steps of up to
     ``max_cudagraph_capture_size`` tokens from piecewise ones (``engine/cuda_graph.py``; 0:
-    those run eagerly).
+    those run eagerly), on every tensor-parallel rank alike.
     """
 
     model: str | None = None
@@ -81,9 +81,9 @@ class EngineConfig:
 
     def piecewise_capture_tokens(self) -> int:
         """The largest step (tokens) replayed from piecewise CUDA graphs: 0 with
-        ``enforce_eager`` or tensor parallelism (steps stay eager there), else
-        ``max_cudagraph_capture_size`` up to ``max_num_batched_tokens`` (no step holds more)."""
-        if self.enforce_eager or self.tensor_parallel_size > 1:
+        ``enforce_eager`` (steps stay eager), else ``max_cudagraph_capture_size`` up to
+        ``max_num_batched_tokens`` (no step holds more)."""
+        if self.enforce_eager:
             return 0
         return min(self.max_cudagraph_capture_size, self.max_num_batched_tokens)
 

@@ -11,8 +11,11 @@ they cost a little compute and change no real row. The graph ends at the final h
 states; the LM head runs eagerly on the rows that sample (a graph's output stays allocated
 while the graph lives, and [size, vocab] float32 logits per graph would add up). Other
 steps (prefill tokens, more sequences than the largest size) replay piecewise graphs where
-their token count fits those; the rest run eagerly, as does everything under tensor
-parallelism, with ``enforce_eager=True`` and on CPU.
+their token count fits those; the rest run eagerly, as does everything with
+``enforce_eager=True`` and on CPU. Under tensor parallelism each rank holds its own graphs of
+its shard, the all-reduces captured in them: the ranks take every step the same way
+(``ModelRunner.execute_remote``), so they capture and replay in the same order and the
+replayed collectives pair up.
 
 The split count of the decode attention kernel depends on the step's longest context, a host
 value baked into the graph, so it is part of the key: a graph is reused for any step of the

@@ -80,9 +80,11 @@ class ModelRunner:
     ) -> None:
         """Replay decode steps of up to ``max_num_seqs`` sequences from CUDA graphs, and
         other steps of up to ``max_capture_tokens`` tokens from piecewise ones (between the
-        attention calls; 0: none) (``engine.cuda_graph``); on CPU and under tensor
-        parallelism steps stay eager."""
-        if self.device.type != "cuda" or self.tp.is_enabled:
+        attention calls; 0: none) (``engine.cuda_graph``); on CPU steps stay eager. Under
+        tensor parallelism every rank does this with the same settings and takes each step
+        the same way (``execute``, ``execute_remote``), so the ranks capture and replay the
+        same graphs in the same order and the all-reduces captured in them pair up."""
+        if self.device.type != "cuda":
             return
         if max_capture_tokens > 0:
             self.piecewise = PiecewiseGraphs(
@@ -162,39 +164,65 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the step; float32 logits [num_sampling_rows, vocab] for the requests that sample
-        (those whose scheduled tokens reach the end of their known tokens), in batch order."""
+        (those whose scheduled tokens reach the end of their known tokens), in batch order.
+        Under tensor parallelism the step's inputs go to the other ranks first."""
         step = self.flatten(sched)
         rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
-        if self.graphs is not None and step.max_query_len == 1:  # a decode-only step
-            size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
-            if size is not None:
-                hidden = self.graphs.run(
-                    step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
-                )
-                logits = self._logits(hidden, rows)
-                assert logits is not None  # no tensor parallelism here
-                return logits
-        ids, pos, meta = self._tensors(step)
-        if self.piecewise is not None:  # a step with prefill tokens (or a decode no graph holds)
-            size = self.piecewise.padded_size(len(step.input_ids))
-            if size is not None:
-                logits = self._logits(self.piecewise.run(ids, pos, meta, size), rows)
-                assert logits is not None  # no tensor parallelism here
-                return logits
+        tensors = None
         if self.tp.is_enabled:
-            self.tp.send_step(ids, pos, meta, rows)
-        logits = self._forward(ids, pos, meta, rows)
+            tensors = self._tensors(step)
+            self.tp.send_step(*tensors, rows)
+        hidden = self._decode_graph(step)
+        if hidden is None:
+            hidden = self._hidden(*(tensors or self._tensors(step)))
+        logits = self._logits(hidden, rows)
         assert logits is not None  # rank 0 always gets the gathered logits
         return logits
 
     @torch.inference_mode()
     def execute_remote(self) -> bool:
-        """Ranks > 0: run the step rank 0 broadcasts; False when it says shut down."""
-        step = self.tp.recv_step()
-        if step is None:
+        """Ranks > 0: run the step rank 0 broadcasts, the way rank 0 runs it (the same decode
+        graph, piecewise graphs or eager launches); False when it says shut down."""
+        received = self.tp.recv_step()
+        if received is None:
             return False
-        self._forward(*step)
+        ids, pos, meta, rows = received
+        hidden = None
+        if self.graphs is not None and meta.max_query_len == 1:
+            # the host lists a decode graph's inputs are copied from (block table rows come
+            # padded to the step's width, which a graph reads no further than seq_len)
+            step = _Step(
+                ids.tolist(), pos.tolist(), meta.slot_mapping.tolist(), [],
+                meta.seq_lens.tolist(), meta.block_tables.tolist(), [], 1,
+            )  # fmt: skip
+            hidden = self._decode_graph(step)
+        if hidden is None:
+            hidden = self._hidden(ids, pos, meta)
+        self._logits(hidden, rows)
         return True
+
+    def _decode_graph(self, step: _Step) -> torch.Tensor | None:
+        """Hidden states of a decode-only step from its CUDA graph (rows past the step's
+        sequences are padding), or None where no graph takes the step."""
+        if self.graphs is None or step.max_query_len != 1:
+            return None
+        size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
+        if size is None:
+            return None
+        return self.graphs.run(
+            step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
+        )
+
+    def _hidden(
+        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Hidden states of a step from piecewise graphs where its tokens fit a capture size
+        (a step with prefill tokens, or a decode no graph holds), else eagerly."""
+        if self.piecewise is not None:
+            size = self.piecewise.padded_size(ids.numel())
+            if size is not None:
+                return self.piecewise.run(ids, pos, meta, size)
+        return self._hidden_states(ids, pos, meta)
 
     def shutdown_workers(self) -> None:
         """Rank 0: end the other ranks' ``execute_remote`` loops."""
@@ -210,11 +238,6 @@ class ModelRunner:
         self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, ops: Ops
     ) -> torch.Tensor:
         return self.model(ids, pos, self.kv_caches, meta, ops)
-
-    def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
-    ) -> torch.Tensor | None:
-        return self._logits(self.model(ids, pos, self.kv_caches, meta, self.ops), rows)
 
     def _logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
         """Float32 logits of the sampling ``rows`` of ``hidden`` (None on ranks > 0)."""
