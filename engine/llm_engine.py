@@ -82,12 +82,7 @@ class LLMEngine:
         self.weight_format = loaded.weight_format
         mcfg = self.model_config
 
-        max_model_len = config.max_model_len or mcfg.max_position_embeddings
-        if max_model_len > mcfg.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {max_model_len} exceeds the model's "
-                f"max_position_embeddings {mcfg.max_position_embeddings}"
-            )
+        max_model_len = loaded.max_model_len
         block_bytes = loaded.block_bytes
         num_blocks = loaded.num_kv_blocks
         if num_blocks < cdiv(2, config.block_size) + 1:
@@ -104,10 +99,6 @@ class LLMEngine:
             block_size=config.block_size,
             attention_backend=ops.name,
         )
-        if not config.enforce_eager:  # CUDA graphs (a no-op on CPU)
-            self.runner.enable_cuda_graphs(
-                config.max_num_seqs, max_model_len, config.piecewise_capture_tokens()
-            )
         self.pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             KVCacheManager(self.pool, config.block_size),

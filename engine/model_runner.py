@@ -103,7 +103,11 @@ class ModelRunner:
         )  # fmt: skip
 
     def reset_cuda_graphs(self) -> None:
-        """Drop the captured graphs (after swapping modules, say); later steps capture anew."""
+        """Drop the captured graphs (after swapping modules, say); later steps capture anew.
+        Not under tensor parallelism: the other ranks would keep theirs, and rank 0's next
+        capture would no longer pair its collectives with theirs."""
+        if self.tp.is_enabled:
+            raise RuntimeError("reset_cuda_graphs is for single-GPU engines only")
         for graphs in (self.graphs, self.piecewise):
             if graphs is not None:
                 graphs.clear()
@@ -301,10 +305,12 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     ops: Ops
+    max_model_len: int  # the config's, or the model's own limit
 
 
 def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner, LoadedModel]:
-    """Load the model (this rank's shard of it) and allocate its KV cache.
+    """Load the model (this rank's shard of it) and allocate its KV cache; with CUDA graphs
+    unless ``enforce_eager`` (on every rank: their graphs' collectives must pair up).
 
     The number of KV blocks is the smallest any rank can hold, so all ranks agree.
     Raises ``ValueError`` for a model that cannot be split ``tp.world_size`` ways.
@@ -313,6 +319,12 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
     dtype = config.resolve_dtype(device)
     files = load_model_files(config.model)
     mcfg = ModelConfig.from_hf_config(files.hf_config)
+    max_model_len = config.max_model_len or mcfg.max_position_embeddings
+    if max_model_len > mcfg.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"max_position_embeddings {mcfg.max_position_embeddings}"
+        )
     with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLM(mcfg, tp)
     model.cos_sin_cache = model.cos_sin_cache.float()
@@ -339,5 +351,11 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
     num_blocks = tp.min_int(kv_cache_bytes(config, device, mcfg) // block_bytes)
     ops = ops_for_device(device)
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, ops, tp)
-    loaded = LoadedModel(files, mcfg, weight_format, num_blocks, block_bytes, device, dtype, ops)
+    if not config.enforce_eager:  # CUDA graphs (a no-op on CPU), every rank alike
+        runner.enable_cuda_graphs(
+            config.max_num_seqs, max_model_len, config.piecewise_capture_tokens()
+        )
+    loaded = LoadedModel(
+        files, mcfg, weight_format, num_blocks, block_bytes, device, dtype, ops, max_model_len
+    )
     return runner, loaded

@@ -34,6 +34,16 @@ def test_too_long_requests_are_rejected_at_add_with_clear_errors(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_max_model_len_beyond_the_model_is_refused(tmp_path, wordlevel_tokenizer_dir):
+    """Checked before the KV cache and the CUDA graphs' buffers are sized from it."""
+    from tests.engine.conftest import save_tiny_model
+
+    save_tiny_model("llama", tmp_path, wordlevel_tokenizer_dir, max_position_embeddings=256)
+    with pytest.raises(ValueError, match="max_model_len 100000 exceeds the model's "
+                                         "max_position_embeddings 256"):  # fmt: skip
+        LLM(model=str(tmp_path), device="cpu", max_model_len=100_000)
+
+
 def test_default_max_tokens_runs_to_the_context_limit(llm):
     out = llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0.0, ignore_eos=True))[0]
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == MAX_LEN
