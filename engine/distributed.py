@@ -181,11 +181,14 @@ def _worker_main(rank: int, config: EngineConfig, init_method: str, parent_pid: 
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     tp = init_rank(rank, world_size, device, init_method)
+    runner = None
     try:
         runner, _ = build_runner(config, tp)
         while runner.execute_remote():
             pass
     finally:
+        if runner is not None:  # graphs that captured collectives would hang the teardown
+            runner.release_cuda_graphs()
         dist.destroy_process_group()
 
 

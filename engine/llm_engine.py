@@ -125,6 +125,7 @@ class LLMEngine:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.shutdown_workers()
+            runner.release_cuda_graphs()  # before the process group goes (``stop``)
             workers.stop()
         else:  # rank 0 failed before its runner existed: the workers cannot be told
             for proc in workers.processes:

@@ -7,6 +7,7 @@ sizes its KV cache; the engine process and the tensor-parallel rank workers both
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -108,9 +109,18 @@ class ModelRunner:
         capture would no longer pair its collectives with theirs."""
         if self.tp.is_enabled:
             raise RuntimeError("reset_cuda_graphs is for single-GPU engines only")
+        self.release_cuda_graphs()
+
+    def release_cuda_graphs(self) -> None:
+        """Free every captured graph now. Each rank does this before it leaves the process
+        group: NCCL's communicator teardown waits until every graph that captured one of
+        its collectives is destroyed, so a graph still alive then would hang the shutdown."""
         for graphs in (self.graphs, self.piecewise):
             if graphs is not None:
                 graphs.clear()
+        if self.device.type == "cuda":
+            gc.collect()  # graphs held in reference cycles are destroyed now, not later
+            torch.cuda.synchronize(self.device)
 
     def flatten(self, sched: SchedulerOutput) -> _Step:
         """The step's tokens, flattened, as host lists."""
