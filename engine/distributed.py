@@ -201,15 +201,26 @@ class RankWorkers:
     store_dir: str
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        """Wait for the workers to exit (after ``send_shutdown``), kill stragglers, leave."""
+        """Leave the group while the workers leave theirs (after ``send_shutdown``), wait for
+        them to exit and kill stragglers. Rank 0 leaves on a thread of its own, at the same
+        time as the workers: NCCL's communicator teardown may wait for every rank's, so
+        leaving only after the workers had exited would keep them in it until the timeout."""
+        import threading
+
+        leaving = None
+        if dist.is_initialized():
+            leaving = threading.Thread(
+                target=dist.destroy_process_group, daemon=True, name="tp-leave"
+            )
+            leaving.start()
         for proc in self.processes:
             proc.join(timeout_s)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
         self.processes = []
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if leaving is not None:
+            leaving.join(timeout_s)
         shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
