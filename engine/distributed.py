@@ -221,6 +221,8 @@ class RankWorkers:
         self.processes = []
         if leaving is not None:
             leaving.join(timeout_s)
+            if leaving.is_alive():  # still in the teardown: its store stays until it ends
+                return
         shutil.rmtree(self.store_dir, ignore_errors=True)
 
 

@@ -11,7 +11,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed import RankWorkers, TensorParallel, start_rank_workers
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.loader import load_model_files
-from engine.model_runner import build_runner
+from engine.model_runner import build_runner, resolve_max_model_len
 from engine.models.config import ModelConfig
 from engine.models.llama import check_tensor_parallel
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
@@ -60,11 +60,11 @@ class LLMEngine:
         self._rank_workers: RankWorkers | None = None
         tp = TensorParallel(device=config.resolve_device())
         if config.tensor_parallel_size > 1:
-            # Ranks 1..N-1 start first so every rank loads its shard at the same time.
-            check_tensor_parallel(
-                ModelConfig.from_hf_config(load_model_files(config.model).hf_config),
-                config.tensor_parallel_size,
-            )
+            # Ranks 1..N-1 start first so every rank loads its shard at the same time; what
+            # would fail on every rank fails here, before they are spawned.
+            mcfg = ModelConfig.from_hf_config(load_model_files(config.model).hf_config)
+            check_tensor_parallel(mcfg, config.tensor_parallel_size)
+            resolve_max_model_len(config, mcfg)
             self._rank_workers = start_rank_workers(config)
             tp = self._rank_workers.tp
         try:
@@ -124,9 +124,11 @@ class LLMEngine:
             return
         runner = getattr(self, "runner", None)
         if runner is not None:
-            runner.shutdown_workers()
-            runner.release_cuda_graphs()  # before the process group goes (``stop``)
-            workers.stop()
+            try:
+                runner.shutdown_workers()
+                runner.release_cuda_graphs()  # before the process group goes (``stop``)
+            finally:
+                workers.stop()
         else:  # rank 0 failed before its runner existed: the workers cannot be told
             for proc in workers.processes:
                 proc.kill()

@@ -119,8 +119,10 @@ class ModelRunner:
             if graphs is not None:
                 graphs.clear()
         if self.device.type == "cuda":
-            gc.collect()  # graphs held in reference cycles are destroyed now, not later
-            torch.cuda.synchronize(self.device)
+            # Graphs held in reference cycles are destroyed now, not later. No synchronize:
+            # a graph still running is destroyed when it ends, and a rank waiting on a peer
+            # that failed must still reach the bounded teardown (``RankWorkers.stop``).
+            gc.collect()
 
     def flatten(self, sched: SchedulerOutput) -> _Step:
         """The step's tokens, flattened, as host lists."""
@@ -202,7 +204,12 @@ class ModelRunner:
             return False
         ids, pos, meta, rows = received
         hidden = None
-        if self.graphs is not None and meta.max_query_len == 1:
+        graphs = self.graphs
+        if (
+            graphs is not None
+            and meta.max_query_len == 1
+            and graphs.padded_size(ids.numel(), meta.block_tables.shape[1]) is not None
+        ):
             # the host lists a decode graph's inputs are copied from (block table rows come
             # padded to the step's width, which a graph reads no further than seq_len)
             step = _Step(
@@ -318,6 +325,33 @@ class LoadedModel:
     max_model_len: int  # the config's, or the model's own limit
 
 
+def _check_same_multiprocessors(tp: TensorParallel, device: torch.device) -> None:
+    """ValueError on every rank unless all ranks' GPUs have as many multiprocessors: a decode
+    graph's key holds the attention kernel's split count, which follows from that number, and
+    ranks whose keys differed would capture (running collectives eagerly) where others
+    replay, and hang."""
+    from kernels.pdl import num_sms
+
+    sms = num_sms(device)
+    fewest, most = tp.min_int(sms), -tp.min_int(-sms)
+    if fewest != most:
+        raise ValueError(
+            f"tensor-parallel CUDA graphs need GPUs with the same number of multiprocessors, "
+            f"got {fewest} to {most} across the ranks; set enforce_eager=True"
+        )
+
+
+def resolve_max_model_len(config: EngineConfig, mcfg: ModelConfig) -> int:
+    """The config's ``max_model_len``, or the model's own limit; ValueError beyond it."""
+    max_model_len = config.max_model_len or mcfg.max_position_embeddings
+    if max_model_len > mcfg.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_model_len} exceeds the model's "
+            f"max_position_embeddings {mcfg.max_position_embeddings}"
+        )
+    return max_model_len
+
+
 def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner, LoadedModel]:
     """Load the model (this rank's shard of it) and allocate its KV cache; with CUDA graphs
     unless ``enforce_eager`` (on every rank: their graphs' collectives must pair up).
@@ -329,12 +363,7 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
     dtype = config.resolve_dtype(device)
     files = load_model_files(config.model)
     mcfg = ModelConfig.from_hf_config(files.hf_config)
-    max_model_len = config.max_model_len or mcfg.max_position_embeddings
-    if max_model_len > mcfg.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {max_model_len} exceeds the model's "
-            f"max_position_embeddings {mcfg.max_position_embeddings}"
-        )
+    max_model_len = resolve_max_model_len(config, mcfg)
     with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLM(mcfg, tp)
     model.cos_sin_cache = model.cos_sin_cache.float()
@@ -361,6 +390,8 @@ def build_runner(config: EngineConfig, tp: TensorParallel) -> tuple[ModelRunner,
     num_blocks = tp.min_int(kv_cache_bytes(config, device, mcfg) // block_bytes)
     ops = ops_for_device(device)
     runner = ModelRunner(model, num_blocks, config.block_size, device, dtype, ops, tp)
+    if tp.is_enabled and device.type == "cuda" and not config.enforce_eager:
+        _check_same_multiprocessors(tp, device)
     if not config.enforce_eager:  # CUDA graphs (a no-op on CPU), every rank alike
         runner.enable_cuda_graphs(
             config.max_num_seqs, max_model_len, config.piecewise_capture_tokens()

@@ -34,14 +34,15 @@ def test_too_long_requests_are_rejected_at_add_with_clear_errors(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_max_model_len_beyond_the_model_is_refused(tmp_path, wordlevel_tokenizer_dir):
-    """Checked before the KV cache and the CUDA graphs' buffers are sized from it."""
+@pytest.mark.parametrize("tp", [1, 2])
+def test_max_model_len_beyond_the_model_is_refused(tp, tmp_path, wordlevel_tokenizer_dir):
+    """A clear error, with one process and with tensor-parallel ranks (gloo) alike."""
     from tests.engine.conftest import save_tiny_model
 
     save_tiny_model("llama", tmp_path, wordlevel_tokenizer_dir, max_position_embeddings=256)
     with pytest.raises(ValueError, match="max_model_len 100000 exceeds the model's "
                                          "max_position_embeddings 256"):  # fmt: skip
-        LLM(model=str(tmp_path), device="cpu", max_model_len=100_000)
+        LLM(model=str(tmp_path), device="cpu", max_model_len=100_000, tensor_parallel_size=tp)
 
 
 def test_default_max_tokens_runs_to_the_context_limit(llm):
