@@ -5,7 +5,8 @@ config.json and a tokenizer), bf16. Each configuration runs in a fresh process s
 and the process group start clean. Per configuration: load time (engine construction,
 rank workers included), decode tokens/s at batch 1 and 64 (steps after every prompt is
 prefilled; each timed pass follows an untimed one of the same shape), and, for the shapes in
-``--throughput-shapes``, a batch of prompts run to completion.
+``--throughput-shapes``, a batch of prompts run to completion; last, how long the engine
+takes to shut down (rank workers stopped and the process group left).
 
     python benchmarks/bench_tp.py                       # 8b tp1, 8b tp2, 70b tp2 (GPUs)
     python benchmarks/bench_tp.py --runs 8b:2,8b:2:eager  # CUDA graphs against eager
@@ -158,7 +159,9 @@ def run_one(shape: str, tp: int, args, eager: bool = False) -> dict:
             throughput(engine, args.num_requests, args.prompt_len, 16, vocab, seed="warm-up")
             result.update(throughput(engine, args.num_requests, args.prompt_len, 128, vocab))
     finally:
+        start = time.perf_counter()
         engine.shutdown()
+        result["shutdown_s"] = time.perf_counter() - start
     return result
 
 
