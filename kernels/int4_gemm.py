@@ -97,6 +97,22 @@ def _gemv_words(qw_ptr, offs_n, n_mask, sub0, sub_end, stride_qw_n, SUB_W: tl.co
 
 
 @triton.jit
+def _prefetch_l2(rows_ptr, nbytes):
+    """Bring ``nbytes`` (a multiple of 16) from each 16-byte aligned address of ``rows_ptr``
+    into L2 with one bulk prefetch each (sm_90: ``cp.async.bulk.prefetch.L2``). A prefetch
+    reads nothing into the program and L2 is where every write lands, so it may run before
+    ``gdc_wait``: a kernel still writing that memory leaves L2 up to date either way."""
+    tl.inline_asm_elementwise(
+        asm="cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;",
+        constraints="=r,l,r",
+        args=[rows_ptr.to(tl.int64, bitcast=True), tl.zeros(rows_ptr.shape, tl.int32) + nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _int4_gemv_kernel(
     x_ptr,
     x32_ptr,
@@ -128,6 +144,9 @@ def _int4_gemv_kernel(
     FOLD: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    L2_PREFETCH: tl.constexpr = False,
+    NUM_G: tl.constexpr = 1,
+    S_BYTES: tl.constexpr = 2,
 ):
     # One row of x per program along axis 2. K is cut into sub-groups of SUB_W words that
     # never straddle a quantization group; a step loads [BLOCK_N, NUM_SUB, SUB_W] words (one
@@ -137,17 +156,31 @@ def _int4_gemv_kernel(
     # PDL (launched as a programmatic dependent): the launch overlaps the previous kernel's
     # tail; nothing is read or written before it has finished (gdc_wait), not even the
     # weight, which a kernel still in flight may have written.
+    # L2_PREFETCH (with PDL, sm_90): before waiting, the program's words, scales and offsets
+    # are prefetched into L2 (``_prefetch_l2``; at most NUM_G groups per split, S_BYTES per
+    # scale), so the DRAM reads overlap the previous kernel instead of following it.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     num_subs = K // (8 * SUB_W)
     sub_start = pid_k * subs_per_split
     sub_end = tl.minimum(sub_start + subs_per_split, num_subs)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        if L2_PREFETCH:
+            if m == 0:
+                rows = tl.minimum(offs_n, N - 1)
+                words = qw_ptr + rows * stride_qw_n + sub_start * SUB_W
+                _prefetch_l2(words, (sub_end - sub_start) * SUB_W * 4)
+                g0 = sub_start * (8 * SUB_W) // group_size
+                g1 = (sub_end * (8 * SUB_W) - 1) // group_size
+                gs = tl.minimum(g0 + tl.arange(0, NUM_G), g1)
+                n0 = tl.minimum(pid_n * BLOCK_N, N - BLOCK_N)
+                _prefetch_l2(s_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
+                _prefetch_l2(o_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
+        tl.extra.cuda.gdc_wait()
     EVEN: tl.constexpr = EVEN_N and EVEN_K
     if PREFETCH:
         q_next = _gemv_words(
@@ -779,6 +812,7 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, m * num_pid_n)
     x, x32 = _with_pairs(x)
     pdl = cfg.pdl and has_pdl(x.device)
+    l2 = pdl and cfg.l2_prefetch and _bulk_prefetch_ok(weight, cfg.block_n, sub_k)
     fold = 0  # 1: the fold decode in Triton, 2: in inline PTX (CUDA)
     if cfg.fold and x.dtype in _MAGIC:
         fold = 2 if cfg.asm and x.device.type == "cuda" else 1
@@ -813,11 +847,43 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         FOLD=fold,
         PREFETCH=cfg.prefetch,
         PDL=pdl,
+        L2_PREFETCH=l2,
+        NUM_G=triton.next_power_of_2(triton.cdiv(subs_per_split * sub_k, g) + 1) if l2 else 1,
+        S_BYTES=weight.scales.element_size(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     return out.to(x.dtype) if mode == 1 else out
+
+
+def _bulk_prefetch_ok(weight: Int4Weight, block_n: int, sub_k: int) -> bool:
+    """Whether the gemv's bulk L2 prefetches apply: every row of words, scales and offsets a
+    program prefetches starts 16-byte aligned and spans a multiple of 16 bytes (looked up
+    once per weight and tiling: the launcher asks on every eager call)."""
+    key = ("bulk_prefetch_ok", block_n, sub_k)
+    ok = weight.memo.get(key)
+    if ok is None:
+        qw, s, o = weight.qweight, weight.scales, weight.offsets
+        n = weight.out_features
+        ok = (
+            n >= block_n
+            and qw.data_ptr() % 16 == 0
+            and qw.stride(1) == 1
+            and (qw.stride(0) * 4) % 16 == 0
+            and (sub_k // 2) % 16 == 0
+            and all(
+                t.data_ptr() % 16 == 0
+                and t.stride(1) == 1
+                and (t.stride(0) * t.element_size()) % 16 == 0
+                and (block_n * t.element_size()) % 16 == 0
+                and (n * t.element_size()) % 16 == 0
+                for t in (s, o)
+            )
+            and s.element_size() == o.element_size()
+        )
+        weight.memo[key] = ok
+    return ok
 
 
 def _launch_tiled(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:

@@ -47,7 +47,9 @@ class Int4GemmConfig:
     shifted copies then stay inside its block of PTX instead of all being live at once);
     ``prefetch`` loads the next step's words before this step's math; ``pdl`` (sm_90+)
     launches as a programmatic dependent, so the launch overlaps the previous kernel's tail
-    (it reads nothing before that kernel has finished).
+    (it reads nothing before that kernel has finished); ``l2_prefetch`` (with ``pdl``, where
+    the weight's rows are 16-byte aligned) prefetches the program's words, scales and
+    offsets into L2 before it waits, so the DRAM reads overlap the previous kernel too.
     ``wgmma`` with ``swap`` only: ``specialized`` moves the TMA refills to a producer warp
     (warp specialization; the decoding warps hand ring slots back through empty barriers);
     ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
@@ -70,6 +72,7 @@ class Int4GemmConfig:
     fold: bool = False
     prefetch: bool = False
     pdl: bool = False
+    l2_prefetch: bool = False
     specialized: bool = False
     pipe: bool = False
 
@@ -85,6 +88,8 @@ class Int4GemmConfig:
         for name in ("specialized", "pipe"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
+        if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
+            raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:
             raise ValueError(f"pipe needs num_stages >= 3, got {self.num_stages}")
 
@@ -243,6 +248,8 @@ def choose_config(
         return _frag_config(m, n, k)
     block_k = 128 if group_size >= 128 or group_size == k else group_size
     if m == 1:
+        # l2_prefetch stays off: 1-6% faster alone on qkv and o_proj, 4-11% slower on wide
+        # and long-K weights, not faster end to end (eleventh session, BENCHMARKS.md).
         fold = {"fold": True, "asm": True, "pdl": True}
         if n >= 16384:  # wide (gate_up, lm_head): 64 outputs per two-warp program
             return Int4GemmConfig("gemv", 16, 64, 256, _pow2_split(8, k, 256, 32), 2, 2, **fold)

@@ -224,6 +224,9 @@ def test_bad_input_raises():
         Int4GemmConfig("mm", pipe=True)
     with pytest.raises(ValueError, match="num_stages >= 3"):
         Int4GemmConfig("wgmma", swap=True, num_stages=2, pipe=True)
+    for bad in ({"strategy": "gemv"}, {"strategy": "mm", "pdl": True}):
+        with pytest.raises(ValueError, match="l2_prefetch applies to the gemv strategy"):
+            Int4GemmConfig(**bad, l2_prefetch=True)
     with pytest.raises(ValueError, match="equal K"):
         Int4Weight.cat_n([w, random_weight(16, 128, 32, seed=4)])
 
@@ -311,6 +314,81 @@ def test_strategies_bf16(config, group_size):
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         out = int4_gemm(x, weight, config=config)
         assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"{config} M={m}")
+
+
+L2_GEMV = Int4GemmConfig("gemv", 16, 32, 256, 4, 1, 2, fold=True, asm=True, pdl=True,
+                         l2_prefetch=True)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group_size", [128, 32, 2048])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [1088, 1037])  # 1037: rows the bulk prefetch cannot address
+def test_gemv_l2_prefetch(group_size, scale_dtype, n):
+    """The gemv prefetching its words, scales and offsets into L2 before it waits (with
+    split-K, one output row and several), against the reference; where the rows are not
+    16-byte aligned it runs without the prefetch."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90+")
+    from kernels.int4_gemm import _bulk_prefetch_ok
+
+    w = random_weight(n, 2048, group_size, seed=n + group_size)
+    w = Int4Weight(w.qweight, w.scales.to(scale_dtype), w.offsets.to(scale_dtype), group_size)
+    assert _bulk_prefetch_ok(w, L2_GEMV.block_n, min(group_size, 128)) == (n % 8 == 0)
+    for m in (1, 3):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        out = int4_gemm(x, w, config=L2_GEMV)
+        assert_close(out, int4_gemm_ref(x, w), torch.bfloat16, f"l2 prefetch M={m} N={n}")
+
+
+@pytest.mark.gpu
+def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
+    """A kernel that lets its dependents launch at once and writes the weight's words only
+    after a long spin, then the gemv as its programmatic dependent: the gemv prefetches the
+    old words into L2 before it waits, and must still compute with the new ones (eagerly and
+    replayed from a CUDA graph)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90+")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def late_copy(src, dst, spin_out, n, SPIN: tl.constexpr, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.program_id(0).to(tl.float32)
+        for _ in range(SPIN):
+            acc = acc * 0.999 + 1.0
+        tl.store(spin_out + tl.program_id(0), acc)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    old = random_weight(4096, 4096, 128, seed=11)
+    new = random_weight(4096, 4096, 128, seed=12)
+    target = Int4Weight(old.qweight.clone(), old.scales, old.offsets, 128)
+    expected = Int4Weight(new.qweight, old.scales, old.offsets, 128)
+    spin = torch.empty(8192, device="cuda")
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        target.qweight.copy_(old.qweight)
+        numel = target.qweight.numel()
+        late_copy[(triton.cdiv(numel, 4096),)](
+            new.qweight, target.qweight, spin, numel, SPIN=20000, BLOCK=4096
+        )
+        return int4_gemm(x, target, config=L2_GEMV)
+
+    assert_close(step(), int4_gemm_ref(x, expected), torch.bfloat16, "eager")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        graph.replay()
+        assert_close(out, int4_gemm_ref(x, expected), torch.bfloat16, "graph replay")
 
 
 @pytest.mark.gpu
