@@ -1,6 +1,6 @@
 """Why the swapped INT4 kernel's TMA ring streams a narrow weight slower than a plain read:
 its ring alone and whole (``int4_wgmma_swap(..., parts=)``) in a few tilings, beside the
-streaming read of ``bench_int4_m1.py``, on one weight at small M.
+streaming read of ``bench_int4_small_m.py``, on one weight at small M.
 
     python3 benchmarks/profile_int4_ring.py [--shape 4096x4096] [--rows 16]       # times
     ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats \\
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_int4_gemm import Peers, graph_time_us  # noqa: E402
-from bench_int4_m1 import stream_read  # noqa: E402
+from bench_int4_small_m import stream_read  # noqa: E402
 
 from kernels.int4_gemm import int4_gemm_ref  # noqa: E402
 from kernels.int4_wgmma import int4_wgmma_swap  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -341,14 +342,11 @@ def test_gemv_l2_prefetch(group_size, scale_dtype, n):
         assert_close(out, int4_gemm_ref(x, w), torch.bfloat16, f"l2 prefetch M={m} N={n}")
 
 
-@pytest.mark.gpu
-def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
-    """A kernel that lets its dependents launch at once and writes the weight's words only
-    after a long spin, then the gemv as its programmatic dependent: the gemv prefetches the
-    old words into L2 before it waits, and must still compute with the new ones (eagerly and
-    replayed from a CUDA graph)."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch is sm_90+")
+def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) -> None:
+    """``gemm(x, weight)`` launched as the programmatic dependent of a kernel that lets its
+    dependents start at once and writes ``new``'s words over ``old``'s only after a long
+    spin: a kernel that prefetches the weight before it waits must still compute with the new
+    words (eagerly and replayed from a CUDA graph)."""
     import triton
     import triton.language as tl
 
@@ -362,12 +360,10 @@ def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
-    old = random_weight(4096, 4096, 128, seed=11)
-    new = random_weight(4096, 4096, 128, seed=12)
-    target = Int4Weight(old.qweight.clone(), old.scales, old.offsets, 128)
-    expected = Int4Weight(new.qweight, old.scales, old.offsets, 128)
+    target = dataclasses.replace(old, qweight=old.qweight.clone())
+    expected = dataclasses.replace(old, qweight=new.qweight)
     spin = torch.empty(8192, device="cuda")
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, old.in_features, device="cuda", dtype=torch.bfloat16)
 
     def step():
         target.qweight.copy_(old.qweight)
@@ -375,9 +371,11 @@ def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
         late_copy[(triton.cdiv(numel, 4096),)](
             new.qweight, target.qweight, spin, numel, SPIN=20000, BLOCK=4096
         )
-        return int4_gemm(x, target, config=L2_GEMV)
+        return gemm(x, target)
 
-    assert_close(step(), int4_gemm_ref(x, expected), torch.bfloat16, "eager")
+    ref = int4_gemm_ref(x, expected)
+    assert not torch.allclose(ref, int4_gemm_ref(x, old)), "old and new words must differ"
+    assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -388,7 +386,18 @@ def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
         out = step()
     for _ in range(3):
         graph.replay()
-        assert_close(out, int4_gemm_ref(x, expected), torch.bfloat16, "graph replay")
+        assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
+
+
+@pytest.mark.gpu
+def test_gemv_l2_prefetch_sees_a_write_that_lands_after_it():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90+")
+    old = random_weight(4096, 4096, 128, seed=11)
+    new = random_weight(4096, 4096, 128, seed=12)
+    assert_sees_a_late_write(
+        lambda x, w: int4_gemm(x, w, config=L2_GEMV), old, new, "gemv + L2 prefetch"
+    )
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ import torch
 from kernels import split_k
 from kernels.int4_gemm import int4_gemm_ref
 from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
-from tests.kernels.test_int4_gemm import assert_close, random_weight
+from tests.kernels.test_int4_gemm import assert_close, assert_sees_a_late_write, random_weight
 
 pytestmark = pytest.mark.gpu
 
@@ -219,6 +219,65 @@ def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
         assert torch.equal(out, plain), f"pipe {tiles} M={m}: differs from the plain loop"
     with pytest.raises(ValueError, match="num_stages >= 3"):
         int4_wgmma_swap(x, words, 16, 64, 128, 1, 2, 4, pipe=True)
+    with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or 3"):
+        int4_wgmma_swap(x, words, 16, 64, 128, 1, 3, 4, pdl=4)
+
+
+# Launched as a programmatic dependent (``pdl``): (tiles, frag, specialized, pipe, group).
+PDL_CASES = [((8, 64, 128, 4, 4, 4), False, False, False, 128),
+             ((16, 64, 128, 3, 4, 4), True, False, False, 256),  # a short last split
+             ((64, 128, 128, 2, 4, 8), False, True, True, 128),
+             ((128, 64, 128, 2, 3, 4), True, False, True, 1024),  # per channel
+             ((16, 128, 64, 1, 6, 4), False, False, False, 64)]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+@pytest.mark.parametrize("case", PDL_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1:]))
+def test_swap_as_a_dependent_launch(case, mode):
+    """``pdl``: the kernel waits for the previous one before reading anything and lets the
+    next launch start on entry (1), also prefetching its words, scales and offsets into L2
+    first (2), or only after its main loop (3). Bitwise the same output as without
+    (the same products in the same order), for plain, warp-specialized and ``pipe`` loops,
+    both word orders, split K with a short last split, per-channel and 64-column groups; and
+    chained back to back in a CUDA graph, each call the dependent of the one before."""
+    tiles, frag, specialized, pipe, group = case
+    weight = random_weight(1000 + 40, 1024, group, seed=23)
+    words = weight.to_frag() if frag else weight
+    for m in (1, 16, 37, 130):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        plain = int4_wgmma_swap(x, words, *tiles, specialized=specialized, pipe=pipe)
+        out = int4_wgmma_swap(x, words, *tiles, specialized=specialized, pipe=pipe, pdl=mode)
+        assert torch.equal(out, plain), f"pdl {case} M={m}: differs from the plain launch"
+        assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"pdl {case} M={m}")
+    xs = [torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+
+    def chain():
+        return [int4_wgmma_swap(x, words, *tiles, specialized=specialized, pipe=pipe, pdl=mode)
+                for x in xs]  # fmt: skip
+
+    chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain()
+    for _ in range(2):
+        for x in xs:
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        for x, out in zip(xs, outs, strict=True):
+            assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"pdl chain {case}")
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+def test_swap_dependent_launch_sees_a_write_that_lands_after_it(frag, mode):
+    old = random_weight(4096, 4096, 128, seed=11)
+    new = random_weight(4096, 4096, 128, seed=12)
+    if frag:
+        old, new = old.to_frag(), new.to_frag()
+    assert_sees_a_late_write(
+        lambda x, w: int4_wgmma_swap(x, w, 8, 64, 128, 4, 4, 4, pdl=mode), old, new,
+        f"swapped kernel, pdl {mode}, frag={frag}",
+    )  # fmt: skip
 
 
 def test_swap_eager_launches_from_the_cache():

@@ -1,10 +1,11 @@
-"""INT4 at M = 1 on the GPU: the table's gemv with and without its weight prefetched into L2
+"""INT4 at small M on the GPU: the table's gemv with and without its weight prefetched into L2
 before it waits on the previous kernel (``Int4GemmConfig.l2_prefetch``; "l2 toggled" is the
 table's config with that setting flipped), beside bf16 cuBLAS and the time a plain
 streaming read of the same packed words takes in the same harness.
 
-    python3 benchmarks/bench_int4_m1.py [--shapes 4096x4096,...]
-    python3 benchmarks/bench_int4_m1.py --sweep   # gemv configs with long K per program
+    python3 benchmarks/bench_int4_small_m.py [--shapes 4096x4096,...]
+    python3 benchmarks/bench_int4_small_m.py --sweep   # gemv configs with long K per program
+    python3 benchmarks/bench_int4_small_m.py --pdl 1,16,64  # swapped kernel, dependent launch
 
 Same harness as bench_int4_gemm.py: each op captured in a CUDA graph over enough weight
 copies to exceed L2, median replay time / copies. "read" is the fastest of a small sweep of
@@ -39,6 +40,7 @@ from kernels.int4_gemm import (  # noqa: E402
     int4_gemm,
     int4_gemm_ref,
 )
+from kernels.int4_wgmma import int4_wgmma_swap  # noqa: E402
 
 
 @triton.jit
@@ -162,6 +164,49 @@ def sweep(shapes: list[tuple[int, int]], workers: int) -> None:
         torch.cuda.empty_cache()
 
 
+def pdl_rows(shapes: list[tuple[int, int]], rows: list[int]) -> None:
+    """Where the table runs the swapped kernel, its config as a plain launch and as a
+    programmatic dependent in each of ``int4_wgmma_swap``'s ``pdl`` modes (1: the next launch
+    may start on entry; 2: also an L2 prefetch of the program's weight before the wait; 3:
+    the next launch may start after the main loop), engine word order. In the harness the
+    kernel before each call is the previous call."""
+    table_rows = []
+    for k, n in tqdm(shapes, desc="shapes"):
+        peers = Peers(k, n, with_torch=False, engine_order=True)
+        w0 = peers.int4[0]
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            c = choose_config(m, n, k, w0.group_size, x.device, frag=w0.frag)
+            if not (c.strategy == "wgmma" and c.swap):
+                continue
+            ref = int4_gemm_ref(x, w0).float()
+            times = {}
+            for mode in (0, 1, 2, 3):
+
+                def run(i, mode=mode, x=x, w=peers.int4, c=c):
+                    return int4_wgmma_swap(x, w[i], c.block_m, c.block_n, c.block_k, c.split_k,
+                                           c.num_stages, c.num_warps, c.specialized,
+                                           pipe=c.pipe, pdl=mode)  # fmt: skip
+
+                err = ((run(0).float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, f"{k}x{n} M={m} pdl {mode}: relative error {err:.1e}"
+                times[mode] = graph_time_us(run, peers.num_int4)
+            t_bf16 = peers.time_bf16(x)
+            table_rows.append((k, n, m, c, t_bf16, times))
+            parts = " ".join(f"[pdl {a}] {t:.1f}" for a, t in times.items())
+            print(f"{k}x{n} M={m}: bf16 {t_bf16:.1f} {parts}", flush=True)
+        peers = None
+        torch.cuda.empty_cache()
+    print("\n| K x N | M | table tiling | bf16 us | plain us | pdl 1 us | pdl 2 us | pdl 3 us | "
+          "bf16 / plain | bf16 / best |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k, n, m, c, t_bf16, t in table_rows:
+        tiling = f"{c.block_m}x{c.block_n}, split {c.split_k}{', ws' if c.specialized else ''}"
+        print(f"| {k} x {n} | {m} | {tiling} | {t_bf16:.1f} | {t[0]:.1f} | {t[1]:.1f} | "
+              f"{t[2]:.1f} | {t[3]:.1f} | {t_bf16 / t[0]:.2f}x | "
+              f"{t_bf16 / min(t.values()):.2f}x |")  # fmt: skip
+
+
 def time_shape(k: int, n: int) -> tuple:
     """Every variant, bf16 and the read floor on one weight shape at M = 1."""
     peers = Peers(k, n, with_torch=False, engine_order=False)  # canonical words: the gemv
@@ -208,6 +253,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
     parser.add_argument("--sweep", action="store_true", help="long-K gemv configs")
     parser.add_argument("--workers", type=int, default=12, help="compile processes (--sweep)")
+    parser.add_argument(
+        "--pdl", default=None, metavar="M,...", help="swapped-kernel configs with / without pdl"
+    )
     args = parser.parse_args()
     shapes = SHAPES
     if args.shapes:
@@ -216,6 +264,9 @@ def main() -> None:
           f"triton {triton.__version__}", flush=True)  # fmt: skip
     if args.sweep:
         sweep(shapes, args.workers)
+        return
+    if args.pdl:
+        pdl_rows(shapes, [int(m) for m in args.pdl.split(",")])
         return
     rows = []
     for k, n in shapes:
