@@ -53,8 +53,8 @@ class Int4GemmConfig:
     ``wgmma`` with ``swap`` only: ``specialized`` moves the TMA refills to a producer warp
     (warp specialization; the decoding warps hand ring slots back through empty barriers);
     ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
-    for; 3 or more stages); ``pdl`` launches it as a programmatic dependent that prefetches
-    its program's words, scales and offsets into L2 before it waits for the previous kernel.
+    for; 3 or more stages); ``pdl`` launches it as a programmatic dependent that lets the next
+    launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md).
     """
 
     strategy: str

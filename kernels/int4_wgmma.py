@@ -500,6 +500,22 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 
 
 @gluon.jit
+def _gdc_launch_dependents():
+    """``griddepcontrol.launch_dependents``: a kernel launched as this one's programmatic
+    dependent may start once every program of this one has passed here (or exited)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _gdc_wait():
+    """``griddepcontrol.wait``: wait until the kernels this one depends on have finished and
+    their writes are visible (a no-op unless launched as a programmatic dependent)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
 def _bulk_prefetch_l2(base, offs, nbytes):
     """One ``cp.async.bulk.prefetch.L2`` of ``nbytes`` (a multiple of 16) from each 16-byte
     aligned address ``base + offs`` (as ``int4_gemm._prefetch_l2``, for Gluon layouts)."""
@@ -522,8 +538,7 @@ def _swap_pdl_prologue(qw_ptr, stride_qw, s_ptr, stride_s, o_ptr, stride_o, N, o
     words, scales and offsets into L2 (a prefetch reads nothing into the program, and L2 is
     where every write lands, so it may precede the wait), then wait for the previous kernel
     before anything is read."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    _gdc_launch_dependents()
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     rows = gl.minimum(off_n + gl.arange(0, BLOCK_N, layout=layout), N - 1)
     _bulk_prefetch_l2(qw_ptr, rows * stride_qw + k_tile0 * (BLOCK_K // 8), num_k * BLOCK_K // 2)
@@ -539,8 +554,7 @@ def _swap_pdl_prologue(qw_ptr, stride_qw, s_ptr, stride_s, o_ptr, stride_o, N, o
     O_BYTES: gl.constexpr = o_ptr.dtype.element_ty.primitive_bitwidth // 8
     _bulk_prefetch_l2(s_ptr, gs * stride_s + n0, BLOCK_N * S_BYTES)
     _bulk_prefetch_l2(o_ptr, gs * stride_o + n0, BLOCK_N * O_BYTES)
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)  # fmt: skip
+    _gdc_wait()
 
 
 @gluon.jit
@@ -594,10 +608,8 @@ def _int4_wgmma_swap_kernel(
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
     if PDL == 1 or PDL == 3:
         if PDL == 1:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)  # fmt: skip
+            _gdc_launch_dependents()
+        _gdc_wait()
     if PDL == 2:
         _swap_pdl_prologue(qw_ptr, stride_qw, s_ptr, stride_s, o_ptr, stride_o, N, off_n,
                            k_tile0, num_k, BLOCK_N, BLOCK_K, GROUP_TILES, NUM_G,
@@ -645,8 +657,7 @@ def _int4_wgmma_swap_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     if PDL == 3:  # the next kernel may launch once every program is past its main loop
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+        _gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
 
@@ -816,7 +827,8 @@ def int4_wgmma_swap(
     runs instead. ``pdl`` (sm_90+) launches the kernel as a programmatic dependent that waits
     for the previous kernel before it reads anything: 1 lets the next kernel launch on entry;
     2 also prefetches the program's words, scales and offsets into L2 before it waits
-    (``_swap_pdl_prologue``); 3 lets the next kernel launch only after the main loop."""
+    (``_swap_pdl_prologue``; as 1 where N < block_n or K is not a multiple of block_k); 3
+    lets the next kernel launch only after the main loop."""
     if pdl not in (0, 1, 2, 3):
         raise ValueError(f"pdl must be 0, 1, 2 or 3, got {pdl}")
     if parts not in (0, 1, 2) or (parts and specialized):
@@ -853,6 +865,8 @@ def int4_wgmma_swap(
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     group_tiles = 0 if g == k else g // block_k
     # every constexpr argument, the compile options and the descriptors' types follow from it
+    if pdl == 2 and (n < block_n or k % block_k):
+        pdl = 1  # the prefetched rows would run past the weight's end: no prefetch
     num_g = 1 << _cdiv(k_per_split, g).bit_length() if pdl == 2 else 1  # >= groups + 1
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype, pdl,
