@@ -4,7 +4,7 @@ table's config with that setting flipped), beside bf16 cuBLAS and the time a pla
 streaming read of the same packed words takes in the same harness.
 
     python3 benchmarks/bench_int4_small_m.py [--shapes 4096x4096,...]
-    python3 benchmarks/bench_int4_small_m.py --sweep   # gemv configs with long K per program
+    python3 benchmarks/bench_int4_small_m.py --sweep   # gemv configs: long K, wide programs
     python3 benchmarks/bench_int4_small_m.py --pdl 1,16,64  # swapped kernel, dependent launch
 
 Same harness as bench_int4_gemm.py: each op captured in a CUDA graph over enough weight
@@ -86,20 +86,22 @@ def read_floor(peers: Peers) -> tuple[float, float, tuple]:
 
 
 def sweep_candidates() -> list[Int4GemmConfig]:
-    """Gemv configs with long K ranges per program (split-K 1 or 2: few or no atomics, the
-    streaming floor's shape of work), fold in PTX, launched as programmatic dependents;
-    those holding 4 to 32 words per thread per step."""
+    """Gemv configs, fold in PTX, launched as programmatic dependents, holding 4 to 32 words
+    per thread per step: long K ranges per program (4-16 outputs, split-K 1 or 2: few or no
+    atomics, the read floor's shape of work) and more outputs per program with more warps
+    (32-128 outputs, 2-8 warps, split-K 4-32)."""
     out = []
-    for bn in (4, 8, 16):
-        for bk in (512, 1024, 2048):
-            for split in (1, 2):
-                for warps in (2, 4, 8):
-                    if not 4 <= bn * bk // 8 // (32 * warps) <= 32:
-                        continue
-                    for stages, pre in ((2, False), (3, False), (1, True)):
-                        out.append(Int4GemmConfig("gemv", 16, bn, bk, split, warps, stages,
-                                                  fold=True, asm=True, pdl=True,
-                                                  prefetch=pre))  # fmt: skip
+    shapes = [(bn, bk, split) for bn in (4, 8, 16) for bk in (512, 1024, 2048) for split in (1, 2)]
+    shapes += [(bn, bk, split) for bn in (32, 64, 128) for bk in (256, 512)
+               for split in (4, 8, 16, 32)]  # fmt: skip
+    for bn, bk, split in shapes:
+        for warps in (2, 4, 8):
+            if not 4 <= bn * bk // 8 // (32 * warps) <= 32:
+                continue
+            modes = ((2, False), (3, False), (1, True)) if split <= 2 else ((2, False),)
+            for stages, pre in modes:
+                out.append(Int4GemmConfig("gemv", 16, bn, bk, split, warps, stages, fold=True,
+                                          asm=True, pdl=True, prefetch=pre))  # fmt: skip
     return out
 
 
@@ -251,7 +253,7 @@ def time_shape(k: int, n: int) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=None, help="K x N list (default: the 8B shapes)")
-    parser.add_argument("--sweep", action="store_true", help="long-K gemv configs")
+    parser.add_argument("--sweep", action="store_true", help="gemv configs at M = 1")
     parser.add_argument("--workers", type=int, default=12, help="compile processes (--sweep)")
     parser.add_argument(
         "--pdl", default=None, metavar="M,...", help="swapped-kernel configs with / without pdl"
