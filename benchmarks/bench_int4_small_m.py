@@ -168,9 +168,8 @@ def sweep(shapes: list[tuple[int, int]], workers: int) -> None:
 
 def pdl_rows(shapes: list[tuple[int, int]], rows: list[int]) -> None:
     """Where the table runs the swapped kernel, its config as a plain launch and as a
-    programmatic dependent in each of ``int4_wgmma_swap``'s ``pdl`` modes (1: the next launch
-    may start on entry; 2: also an L2 prefetch of the program's weight before the wait; 3:
-    the next launch may start after the main loop), engine word order. In the harness the
+    programmatic dependent in each of ``int4_wgmma_swap``'s ``pdl`` forms (1: the next launch
+    may start on entry; 2: only after the main loop), engine word order. In the harness the
     kernel before each call is the previous call."""
     table_rows = []
     for k, n in tqdm(shapes, desc="shapes"):
@@ -183,7 +182,7 @@ def pdl_rows(shapes: list[tuple[int, int]], rows: list[int]) -> None:
                 continue
             ref = int4_gemm_ref(x, w0).float()
             times = {}
-            for mode in (0, 1, 2, 3):
+            for mode in (0, 1, 2):
 
                 def run(i, mode=mode, x=x, w=peers.int4, c=c):
                     return int4_wgmma_swap(x, w[i], c.block_m, c.block_n, c.block_k, c.split_k,
@@ -199,13 +198,13 @@ def pdl_rows(shapes: list[tuple[int, int]], rows: list[int]) -> None:
             print(f"{k}x{n} M={m}: bf16 {t_bf16:.1f} {parts}", flush=True)
         peers = None
         torch.cuda.empty_cache()
-    print("\n| K x N | M | table tiling | bf16 us | plain us | pdl 1 us | pdl 2 us | pdl 3 us | "
+    print("\n| K x N | M | table tiling | bf16 us | plain us | pdl 1 us | pdl 2 us | "
           "bf16 / plain | bf16 / best |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k, n, m, c, t_bf16, t in table_rows:
         tiling = f"{c.block_m}x{c.block_n}, split {c.split_k}{', ws' if c.specialized else ''}"
         print(f"| {k} x {n} | {m} | {tiling} | {t_bf16:.1f} | {t[0]:.1f} | {t[1]:.1f} | "
-              f"{t[2]:.1f} | {t[3]:.1f} | {t_bf16 / t[0]:.2f}x | "
+              f"{t[2]:.1f} | {t_bf16 / t[0]:.2f}x | "
               f"{t_bf16 / min(t.values()):.2f}x |")  # fmt: skip
 
 

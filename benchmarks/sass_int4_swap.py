@@ -45,7 +45,7 @@ def compile_swap(
     warps: int = WARPS,
     specialized: bool = False,
     pipe: bool = False,
-    pdl: bool = False,
+    pdl: int = 0,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -64,10 +64,6 @@ def compile_swap(
         "ws_ptr": torch.empty(1, dtype=torch.float32),
         "lock_ptr": torch.empty(1, dtype=torch.int32),
         **dict.fromkeys(["M", "N", "K", "k_per_split", "num_splits", "stride_out_m"], 4096),
-        "qw_ptr": q,
-        "s_ptr": s,
-        "o_ptr": s,
-        **dict.fromkeys(["stride_qw", "stride_s", "stride_o"], 4096),
     }
     words = W._frag_words_layout if frag else W._fragment_words_layout
     constexprs = {
@@ -81,7 +77,6 @@ def compile_swap(
         "PARTS": 0,
         "PIPE": pipe,
         "PDL": pdl,
-        "NUM_G": 4,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel

@@ -146,7 +146,6 @@ def _int4_gemv_kernel(
     PDL: tl.constexpr,
     L2_PREFETCH: tl.constexpr = False,
     NUM_G: tl.constexpr = 1,
-    S_BYTES: tl.constexpr = 2,
 ):
     # One row of x per program along axis 2. K is cut into sub-groups of SUB_W words that
     # never straddle a quantization group; a step loads [BLOCK_N, NUM_SUB, SUB_W] words (one
@@ -157,8 +156,8 @@ def _int4_gemv_kernel(
     # tail; nothing is read or written before it has finished (gdc_wait), not even the
     # weight, which a kernel still in flight may have written.
     # L2_PREFETCH (with PDL, sm_90): before waiting, the program's words, scales and offsets
-    # are prefetched into L2 (``_prefetch_l2``; at most NUM_G groups per split, S_BYTES per
-    # scale), so the DRAM reads overlap the previous kernel instead of following it.
+    # are prefetched into L2 (``_prefetch_l2``; at most NUM_G groups per split), so the DRAM
+    # reads overlap the previous kernel instead of following it.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
@@ -178,6 +177,7 @@ def _int4_gemv_kernel(
                 g1 = (sub_end * (8 * SUB_W) - 1) // group_size
                 gs = tl.minimum(g0 + tl.arange(0, NUM_G), g1)
                 n0 = tl.minimum(pid_n * BLOCK_N, N - BLOCK_N)
+                S_BYTES: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
                 _prefetch_l2(s_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
                 _prefetch_l2(o_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
         tl.extra.cuda.gdc_wait()
@@ -849,7 +849,6 @@ def _launch_gemv(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> to
         PDL=pdl,
         L2_PREFETCH=l2,
         NUM_G=triton.next_power_of_2(triton.cdiv(subs_per_split * sub_k, g) + 1) if l2 else 1,
-        S_BYTES=weight.scales.element_size(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),

@@ -516,48 +516,6 @@ def _gdc_wait():
 
 
 @gluon.jit
-def _bulk_prefetch_l2(base, offs, nbytes):
-    """One ``cp.async.bulk.prefetch.L2`` of ``nbytes`` (a multiple of 16) from each 16-byte
-    aligned address ``base + offs`` (as ``int4_gemm._prefetch_l2``, for Gluon layouts)."""
-    gl.inline_asm_elementwise(
-        asm="cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;",
-        constraints="=r,l,r",
-        args=[(base + offs).to(gl.int64, bitcast=True), offs * 0 + nbytes],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@gluon.jit
-def _swap_pdl_prologue(qw_ptr, stride_qw, s_ptr, stride_s, o_ptr, stride_o, N, off_n, k_tile0,
-                       num_k, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                       GROUP_TILES: gl.constexpr, NUM_G: gl.constexpr,
-                       num_warps: gl.constexpr):  # fmt: skip
-    """Launched as a programmatic dependent: let the next kernel launch, bring this program's
-    words, scales and offsets into L2 (a prefetch reads nothing into the program, and L2 is
-    where every write lands, so it may precede the wait), then wait for the previous kernel
-    before anything is read."""
-    _gdc_launch_dependents()
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    rows = gl.minimum(off_n + gl.arange(0, BLOCK_N, layout=layout), N - 1)
-    _bulk_prefetch_l2(qw_ptr, rows * stride_qw + k_tile0 * (BLOCK_K // 8), num_k * BLOCK_K // 2)
-    if GROUP_TILES == 0:  # one group: one row of scales and offsets
-        g0 = 0
-        g1 = 0
-    else:
-        g0 = k_tile0 // GROUP_TILES
-        g1 = (k_tile0 + num_k - 1) // GROUP_TILES
-    gs = gl.minimum(g0 + gl.arange(0, NUM_G, layout=layout), g1)
-    n0 = gl.minimum(off_n, N - BLOCK_N)
-    S_BYTES: gl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
-    O_BYTES: gl.constexpr = o_ptr.dtype.element_ty.primitive_bitwidth // 8
-    _bulk_prefetch_l2(s_ptr, gs * stride_s + n0, BLOCK_N * S_BYTES)
-    _bulk_prefetch_l2(o_ptr, gs * stride_o + n0, BLOCK_N * O_BYTES)
-    _gdc_wait()
-
-
-@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
@@ -572,12 +530,6 @@ def _int4_wgmma_swap_kernel(
     k_per_split,
     num_splits,
     stride_out_m,
-    qw_ptr,  # the words, scales and offsets as pointers (``PDL``'s L2 prefetch only)
-    stride_qw,
-    s_ptr,
-    stride_s,
-    o_ptr,
-    stride_o,
     L3: gl.constexpr,  # layout of the [BLOCK_N, WORDS, 4] decode (``_fragment_words_layout``)
     S_LAYOUT: gl.constexpr,  # layout of a [1, BLOCK_N] scale row, rows as L3
     GROUP_TILES: gl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
@@ -589,7 +541,6 @@ def _int4_wgmma_swap_kernel(
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
     PDL: gl.constexpr = 0,  # launched as a programmatic dependent (``int4_wgmma_swap``'s pdl)
-    NUM_G: gl.constexpr = 1,  # (PDL) at most this many scale rows per program
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -604,16 +555,10 @@ def _int4_wgmma_swap_kernel(
     num_pid_n = gl.cdiv(N, BLOCK_N)
     off_n = (pid % num_pid_n) * BLOCK_N
     off_m = (pid // num_pid_n) * BLOCK_M
-    k_tile0 = pid_k * (k_per_split // BLOCK_K)
-    num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
-    if PDL == 1 or PDL == 3:
-        if PDL == 1:
-            _gdc_launch_dependents()
+    if PDL == 1:  # the next kernel may launch at once
+        _gdc_launch_dependents()
+    if PDL != 0:  # nothing is read before the previous kernel has finished
         _gdc_wait()
-    if PDL == 2:
-        _swap_pdl_prologue(qw_ptr, stride_qw, s_ptr, stride_s, o_ptr, stride_o, N, off_n,
-                           k_tile0, num_k, BLOCK_N, BLOCK_K, GROUP_TILES, NUM_G,
-                           num_warps)  # fmt: skip
 
     x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     q_bufs = gl.allocate_shared_memory(
@@ -625,6 +570,8 @@ def _int4_wgmma_swap_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
 
+    k_tile0 = pid_k * (k_per_split // BLOCK_K)
+    num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
     if SPECIALIZED:
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
@@ -656,7 +603,7 @@ def _int4_wgmma_swap_kernel(
                                 PARTS, PIPE)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
-    if PDL == 3:  # the next kernel may launch once every program is past its main loop
+    if PDL == 2:  # the next kernel may launch once every program is past its main loop
         _gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
@@ -825,12 +772,11 @@ def int4_wgmma_swap(
     more stages), so the tensor cores need not idle while the warps wait, sync and refill;
     it takes K tiles in pairs, so where a split has an odd number of them the plain loop
     runs instead. ``pdl`` (sm_90+) launches the kernel as a programmatic dependent that waits
-    for the previous kernel before it reads anything: 1 lets the next kernel launch on entry;
-    2 also prefetches the program's words, scales and offsets into L2 before it waits
-    (``_swap_pdl_prologue``; as 1 where N < block_n or K is not a multiple of block_k); 3
-    lets the next kernel launch only after the main loop."""
-    if pdl not in (0, 1, 2, 3):
-        raise ValueError(f"pdl must be 0, 1, 2 or 3, got {pdl}")
+    for the previous kernel before it reads anything: 1 lets the next kernel launch on entry,
+    2 only once every program is past its main loop (neither is in the table: BENCHMARKS.md,
+    "INT4 GEMM", eleventh session)."""
+    if pdl not in (0, 1, 2):
+        raise ValueError(f"pdl must be 0, 1 or 2, got {pdl}")
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
     if pipe and (parts or num_stages < 3):
@@ -865,12 +811,9 @@ def int4_wgmma_swap(
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     group_tiles = 0 if g == k else g // block_k
     # every constexpr argument, the compile options and the descriptors' types follow from it
-    if pdl == 2 and (n < block_n or k % block_k):
-        pdl = 1  # the prefetched rows would run past the weight's end: no prefetch
-    num_g = 1 << _cdiv(k_per_split, g).bit_length() if pdl == 2 else 1  # >= groups + 1
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
-           group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype, pdl,
-           num_g)  # fmt: skip
+           group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
+           int(pdl))  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -885,12 +828,6 @@ def int4_wgmma_swap(
         "k_per_split": k_per_split,
         "num_splits": num_splits,
         "stride_out_m": out.stride(0),
-        "qw_ptr": weight.qweight,
-        "stride_qw": weight.qweight.stride(0),
-        "s_ptr": weight.scales,
-        "stride_s": weight.scales.stride(0),
-        "o_ptr": weight.offsets,
-        "stride_o": weight.offsets.stride(0),
         "L3": (_frag_words_layout if frag else _fragment_words_layout)(
             block_n, block_k // 8, num_warps
         ),
@@ -903,7 +840,6 @@ def int4_wgmma_swap(
         "PARTS": parts,
         "PIPE": pipe,
         "PDL": int(pdl),
-        "NUM_G": num_g,
     }
     if pdl:
         args["launch_pdl"] = True
