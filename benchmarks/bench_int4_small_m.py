@@ -29,7 +29,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import SHAPES, Peers, graph_time_us, random_int4  # noqa: E402
+from bench_int4_gemm import SHAPES, Peers, _compile_worker, graph_time_us  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from kernels.int4_gemm import (  # noqa: E402
@@ -105,33 +105,17 @@ def sweep_candidates() -> list[Int4GemmConfig]:
     return out
 
 
-def _compile_worker(jobs: list[tuple[tuple[int, int], Int4GemmConfig]]) -> int:
-    """Run each (shape, config) once so Triton's disk cache holds its kernel."""
-    done = 0
-    weights = {}
-    for (k, n), cfg in jobs:
-        if (k, n) not in weights:
-            weights[k, n] = random_int4(n, k)
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        try:
-            int4_gemm(x, weights[k, n], config=cfg)
-            done += 1
-        except Exception as exc:  # reported again, with its config, by the timed run
-            print(f"  precompile failed {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
-    torch.cuda.synchronize()
-    return done
-
-
 def sweep(shapes: list[tuple[int, int]], workers: int) -> None:
-    """Every ``sweep_candidates`` config on every shape (compiled in parallel first), the
-    five fastest per shape beside bf16 and the table."""
+    """Every ``sweep_candidates`` config on every shape (compiled in parallel first, by
+    bench_int4_gemm's worker on its four shapes), the six fastest per shape beside bf16 and
+    the table."""
     import multiprocessing as mp
 
     cands = sweep_candidates()
-    jobs = [(shape, cfg) for shape in shapes for cfg in cands]
+    jobs = [(1, cfg) for cfg in cands]
     with mp.get_context("spawn").Pool(workers) as pool:
         done = sum(pool.map(_compile_worker, [jobs[i::workers] for i in range(workers)]))
-    print(f"precompiled {done} of {len(jobs)} (shape, config) launches", flush=True)
+    print(f"precompiled {done} (shape, config) launches", flush=True)
     for k, n in tqdm(shapes, desc="shapes"):
         peers = Peers(k, n, with_torch=False, engine_order=False)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)

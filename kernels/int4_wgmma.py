@@ -41,6 +41,7 @@ import functools
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -500,22 +501,6 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 
 
 @gluon.jit
-def _gdc_launch_dependents():
-    """``griddepcontrol.launch_dependents``: a kernel launched as this one's programmatic
-    dependent may start once every program of this one has passed here (or exited)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
-def _gdc_wait():
-    """``griddepcontrol.wait``: wait until the kernels this one depends on have finished and
-    their writes are visible (a no-op unless launched as a programmatic dependent)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)  # fmt: skip
-
-
-@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
@@ -556,9 +541,9 @@ def _int4_wgmma_swap_kernel(
     off_n = (pid % num_pid_n) * BLOCK_N
     off_m = (pid // num_pid_n) * BLOCK_M
     if PDL == 1:  # the next kernel may launch at once
-        _gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL != 0:  # nothing is read before the previous kernel has finished
-        _gdc_wait()
+        tl.extra.cuda.gdc_wait()
 
     x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     q_bufs = gl.allocate_shared_memory(
@@ -604,7 +589,7 @@ def _int4_wgmma_swap_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
     if PDL == 2:  # the next kernel may launch once every program is past its main loop
-        _gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
 
@@ -777,6 +762,7 @@ def int4_wgmma_swap(
     "INT4 GEMM", eleventh session)."""
     if pdl not in (0, 1, 2):
         raise ValueError(f"pdl must be 0, 1 or 2, got {pdl}")
+    pdl = int(pdl)  # a config's bool
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")
     if pipe and (parts or num_stages < 3):
@@ -813,7 +799,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           int(pdl))  # fmt: skip
+           pdl)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -839,7 +825,7 @@ def int4_wgmma_swap(
         "FRAG": frag,
         "PARTS": parts,
         "PIPE": pipe,
-        "PDL": int(pdl),
+        "PDL": pdl,
     }
     if pdl:
         args["launch_pdl"] = True

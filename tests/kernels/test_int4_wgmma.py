@@ -236,10 +236,10 @@ PDL_CASES = [((8, 64, 128, 4, 4, 4), False, False, False, 128),
 def test_swap_as_a_dependent_launch(case, mode):
     """``pdl``: the kernel waits for the previous one before reading anything and lets the
     next launch start on entry (1) or only after its main loop (2). Bitwise the same output
-    as without
-    (the same products in the same order), for plain, warp-specialized and ``pipe`` loops,
-    both word orders, split K with a short last split, per-channel and 64-column groups; and
-    chained back to back in a CUDA graph, each call the dependent of the one before."""
+    as without (the same products in the same order), for plain, warp-specialized and
+    ``pipe`` loops, both word orders, split K with a short last split, per-channel and
+    64-column groups; and chained back to back in a CUDA graph, each call the dependent of the
+    one before."""
     tiles, frag, specialized, pipe, group = case
     weight = random_weight(1000 + 40, 1024, group, seed=23)
     words = weight.to_frag() if frag else weight
