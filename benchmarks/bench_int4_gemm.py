@@ -2,6 +2,7 @@
 
     python benchmarks/bench_int4_gemm.py            # the table in kernels/int4_gemm_config.py
     python benchmarks/bench_int4_gemm.py --sweep --no-model --out DIR  # candidates, best 3
+    python benchmarks/bench_int4_gemm.py --previous-order   # narrow weights canonical (gemv)
 
 Llama-3-8B projection shapes (K x N), group 128, M = 1, 16, 64, 256, 1024. Each op is
 captured in a CUDA graph that runs it over enough copies of the weight to exceed the L2
@@ -44,11 +45,18 @@ def random_int4(n: int, k: int, device: str = "cuda") -> Int4Weight:
     return Int4Weight(qweight, scales, offsets, GROUP)
 
 
+# ``--previous-order``: the engine's word order before 2026-11-30's twelfth session, when only
+# wide and long-K weights were held in fragment order (narrow ones ran the gemv at M = 1).
+PREVIOUS_ORDER = False
+
+
 def engine_int4(n: int, k: int) -> Int4Weight:
     """A random weight in the word order the engine holds it in (``Int4Linear``: fragment
-    order for wide and long-K weights on Hopper, ``frag_preferred``)."""
+    order on Hopper, ``frag_preferred``; with ``PREVIOUS_ORDER`` only for wide and long-K
+    weights)."""
     weight = random_int4(n, k)
-    return weight.to_frag() if frag_preferred(weight) else weight
+    frag = frag_preferred(weight) and (not PREVIOUS_ORDER or n > 8192 or k >= 8192)
+    return weight.to_frag() if frag else weight
 
 
 def graph_time_us(fn, num_copies: int, num_replays: int = 10) -> float:
@@ -358,7 +366,12 @@ def main() -> None:
     parser.add_argument("--rows", default="1,16,64,256,1024", help="M values")
     parser.add_argument("--out", default=".", help="folder for the sweep log")
     parser.add_argument("--workers", type=int, default=12, help="--sweep compile processes")
+    parser.add_argument(
+        "--previous-order", action="store_true", help="narrow weights in canonical order"
+    )
     args = parser.parse_args()
+    global PREVIOUS_ORDER
+    PREVIOUS_ORDER = args.previous_order
     torch.manual_seed(0)
     print(
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

@@ -65,9 +65,11 @@ from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
+    from kernels.int4_mma import int4_mma, int4_mma_ok, to_mma
     from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
 except (ImportError, AttributeError):  # pragma: no cover - depends on the Triton build
     int4_wgmma = int4_wgmma_swap = wgmma_ok = wgmma_swap_ok = None
+    int4_mma = int4_mma_ok = to_mma = None
 
 __all__ = [
     "Int4Weight",
@@ -725,10 +727,13 @@ def int4_gemm(
     m, k = x2.shape
     n = weight.out_features
     cfg = config or choose_config(m, n, k, weight.group_size, x2.device, frag=weight.frag)
-    if weight.frag and not (cfg.strategy == "dequant" or cfg.strategy == "wgmma" and cfg.swap):
+    if weight.frag and not (
+        cfg.strategy in ("dequant", "mma") or cfg.strategy == "wgmma" and cfg.swap
+    ):
         raise ValueError(
-            "fragment-ordered weights (Int4Weight.frag) run on the swapped wgmma kernel or on "
-            f"dequantize + cuBLAS; got strategy {cfg.strategy!r} (swap={cfg.swap})"
+            "fragment-ordered weights (Int4Weight.frag) run on the swapped wgmma kernel, the "
+            f"register mma kernel or dequantize + cuBLAS; got strategy {cfg.strategy!r} "
+            f"(swap={cfg.swap})"
         )
     if cfg.strategy == "dequant":
         out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
@@ -740,20 +745,18 @@ def int4_gemm(
 
 
 def frag_preferred(weight: Int4Weight) -> bool:
-    """Whether ``weight`` should be held in fragment order (``Int4Weight.to_frag``): a wide
-    weight (N > 8192) or one with a long K (K >= 8192: down_proj), where the swapped wgmma
-    kernel on such words leads or ties at every M it runs (``_frag_config``), with groups of
-    128 or more on an sm_90+ GPU whose Triton has Gluon, scale rows TMA can address (N a
-    multiple of 8). Narrower weights stay canonical: the gemv, which reads only canonical
-    words, leads there at M = 1, and from M = 2 the swapped kernel on canonical words comes
-    close to fragment order (at most 1.3 us behind in the seventh session's scratch sweep of
-    2026-11-30)."""
+    """Whether ``weight`` should be held in fragment order (``Int4Weight.to_frag``): on an
+    sm_90+ GPU whose Triton has Gluon, with groups of 128 or more and scale rows TMA can
+    address (N a multiple of 8). There the table runs fragment-ordered words on the register
+    mma kernel at M = 1 for N <= 8192 (ahead of the gemv, which reads only canonical words;
+    twelfth session of 2026-11-30) and on the swapped wgmma kernel from M = 2 and for wide
+    weights, which leads or ties canonical words at every M it runs (``_frag_config``)."""
     n, k, g = weight.out_features, weight.in_features, weight.group_size
     q = weight.qweight
     return (
         int4_wgmma is not None
+        and int4_mma is not None
         and is_sm90(q.device)
-        and (n > 8192 or k >= 8192)
         and n % 8 == 0
         and k % FRAG_TILE_K == 0
         and (g % FRAG_TILE_K == 0 or g == k)
@@ -775,7 +778,28 @@ def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.view(torch.int32)
 
 
+def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    """The register mma kernel on fragment-ordered words (its view of them made once per
+    weight, ``Int4Weight.memo``); where it does not apply (no Gluon, canonical words, fp32 x,
+    groups not a multiple of 128, pre-sm_80), the table's M = 1 choice for that weight."""
+    g, k = weight.group_size, weight.in_features
+    if int4_mma is not None and weight.frag and (g % FRAG_TILE_K == 0 or g == k) and int4_mma_ok(x):
+        view = weight.memo.get(("mma",))
+        if view is None:
+            view = weight.memo["mma",] = to_mma(weight, contiguous_x=False)
+        return int4_mma(
+            x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
+            wsplit=cfg.wsplit,
+        )  # fmt: skip
+    m, n = x.shape[0], weight.out_features
+    if weight.frag:
+        return _launch(x, weight, Int4GemmConfig("wgmma", 8, 64, 128, 4, 4, 4, swap=True))
+    return _launch(x, weight, choose_config(m, n, k, g, x.device))
+
+
 def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
+    if cfg.strategy == "mma":
+        return _launch_mma(x, weight, cfg)
     if cfg.strategy == "gemv":
         return _launch_gemv(x, weight, cfg)
     if cfg.strategy == "tiled":

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-STRATEGIES = ("gemv", "tiled", "mm", "dequant", "wgmma")
+STRATEGIES = ("gemv", "tiled", "mm", "dequant", "wgmma", "mma")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ class Int4GemmConfig:
     ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
     for; 3 or more stages); ``pdl`` launches it as a programmatic dependent that lets the next
     launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md).
+    ``mma`` (sm_80+, 16-bit x, fragment-ordered words, groups of a multiple of 128: the register
+    mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``num_warps`` warps
+    of 16 weight rows, or with ``wsplit`` the same 16 rows over ``num_warps`` K ranges summed
+    in shared memory; ``num_stages`` K tiles of words loaded ahead (1 or 2); ``split_k`` and
+    ``pdl`` as elsewhere; where it does not apply, the swapped wgmma kernel runs instead.
     """
 
     strategy: str
@@ -76,6 +81,7 @@ class Int4GemmConfig:
     l2_prefetch: bool = False
     specialized: bool = False
     pipe: bool = False
+    wsplit: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -89,6 +95,10 @@ class Int4GemmConfig:
         for name in ("specialized", "pipe"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
+        if self.wsplit and self.strategy != "mma":
+            raise ValueError("wsplit applies to the mma strategy only")
+        if self.strategy == "mma" and self.num_stages not in (1, 2):
+            raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
         if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:
@@ -206,17 +216,27 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     return min(costs, key=costs.get)
 
 
+def _mma_m1(n: int) -> Int4GemmConfig:
+    """M = 1 on weights with N <= 8192 in fragment order: the register mma kernel, one program
+    of 16 weight rows whose warps split K, no split-K across programs, one tile ahead,
+    launched as a programmatic dependent; 16 warps while two programs per multiprocessor hold
+    every row (N <= 4096 on the H200's 132), else 8 (twelfth session of 2026-11-30,
+    ``bench_int4_mma.py --frag``; BENCHMARKS.md, "INT4 GEMM")."""
+    warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
+    return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
+
+
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
-    """The table for fragment-ordered words (``Int4Weight.frag``), which only the swapped
-    wgmma kernel and the dequantizer read: K tiles of 128, wgmma's N the smallest power of two
-    >= M, ``_large_config`` above M = 256. Wide weights (fourth session of 2026-11-30,
-    ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"): split-free, 128 rows
-    up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows warp-specialized above.
-    Narrower ones (long K: down_proj): ``_narrow_swap``."""
+    """The table for fragment-ordered words (``Int4Weight.frag``), which the swapped wgmma
+    kernel, the register mma kernel and the dequantizer read: K tiles of 128, wgmma's N the
+    smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
+    of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
+    split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
+    warp-specialized above. Narrower ones: ``_mma_m1`` at M = 1, else ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
-        return _narrow_swap(m, n, k)
+        return _mma_m1(n) if m == 1 else _narrow_swap(m, n, k)
     return _wide_swap(m, frag=True)
 
 

@@ -1,0 +1,149 @@
+"""The register mma INT4 kernel (``kernels/int4_mma.py``) at small M beside bf16 cuBLAS and the
+table's kernels, in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies
+that exceed L2, median time per call).
+
+    python3 benchmarks/bench_int4_mma.py [--shapes 4096x4096,...] [--rows 1,16,32]
+    python3 benchmarks/bench_int4_mma.py --frag --rows 1    # fragment-ordered words in place
+    python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
+
+``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
+split stores its partial over the others': ``int4_mma(..., parts=1)``) and without its math
+too (``parts=2``: the words are loaded and summed), beside the read floor of
+bench_int4_small_m.py (a plain streaming read of the same words) and bf16.
+
+For every shape and M it times each candidate config of ``int4_mma`` (warps per program,
+split-K, words in flight, dependent launch; x rows per program 8 for M <= 8, else 16), checks
+each one's output against the reference, and prints the best few beside bf16 and the table
+(``int4_gemm`` with its own config on the engine's word order, which since this kernel went
+into the table is fragment order on Hopper), with the ratios to bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from kernels.int4_gemm import int4_gemm, int4_gemm_ref  # noqa: E402
+from kernels.int4_mma import int4_mma, to_mma  # noqa: E402
+
+
+def candidates(m: int, short: bool = False) -> list[dict]:
+    """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
+    1-4), 1 or 2 tiles ahead, plain or dependent launches; ``short``: warps over K only, 4-16
+    of them, split-K 1 or 2."""
+    block_m = 8 if m <= 8 else 16
+    if short:
+        shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
+    else:
+        shapes = [(w, s, False) for w in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)]
+        shapes += [(w, s, True) for w in (2, 4, 8, 16) for s in (1, 2, 4)]
+    return [
+        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, pdl=p, wsplit=ws)
+        for w, s, ws in shapes
+        for d in (1, 2)
+        for p in (False, True)
+    ]
+
+
+def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool) -> list[tuple]:
+    """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
+    ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
+    ``mma_order``, on the short candidate list."""
+    peers = Peers(k, n, with_torch=False)
+    mma = [to_mma(w, contiguous_x=not frag) for w in peers.int4]
+    ref_w = peers.int4[0]
+    summary = []
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = int4_gemm_ref(x, ref_w).float()
+        t_bf16 = peers.time_bf16(x)
+        t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
+        results = []
+        for cfg in tqdm(candidates(m, short=frag), desc=f"{k}x{n} M={m}", leave=False):
+            out = int4_mma(x, mma[0], **cfg).float()
+            err = ((out - ref).norm() / ref.norm()).item()
+            t = graph_time_us(lambda i, c=cfg, x=x: int4_mma(x, mma[i], **c), peers.num_int4)
+            results.append((t, err, cfg))
+        results.sort(key=lambda r: r[0])
+        print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us "
+              f"({t_bf16 / t_table:.2f}x)")  # fmt: skip
+        for t, err, cfg in results[:top]:
+            print(f"  mma {t:.1f} us ({t_bf16 / t:.2f}x of bf16) err {err:.1e} {cfg}")
+        worst = max(r[1] for r in results)
+        summary.append((k, n, m, t_bf16, t_table, results[0][0], worst, results[0][2]))
+    return summary
+
+
+def run_parts(k: int, n: int, rows: list[int], pdl: bool) -> None:
+    """Whole (split-K reduced in slots, or by fp32 atomics) / no reduction / loads only, per
+    split count (depth 1)."""
+    from bench_int4_small_m import read_floor
+
+    peers = Peers(k, n, with_torch=False)
+    mma = [to_mma(w) for w in peers.int4]
+    floor, _, floor_cfg = read_floor(peers)
+    variants = [dict(parts=0), dict(parts=0, slots=False), dict(parts=1), dict(parts=2)]
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t_bf16 = peers.time_bf16(x)
+        print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, read floor {floor:.1f} us {floor_cfg}, "
+              f"{'dependent launches' if pdl else 'plain launches'}")  # fmt: skip
+        print("| warps | split | whole (slots) | whole (atomics) | no reduction | loads only |")
+        print("|---|---|---|---|---|---|")
+        for warps, wsplit in ((1, False), (4, False), (4, True), (8, True), (16, True)):
+            for split in (1, 2, 4, 8, 16, 32):
+                if wsplit and split > 8:
+                    continue
+                ts = []
+                for variant in variants:
+                    cfg = dict(block_m=8 if m <= 8 else 16, num_warps=warps, split_k=split,
+                               depth=1, pdl=pdl, wsplit=wsplit, **variant)  # fmt: skip
+                    ts.append(graph_time_us(lambda i, c=cfg, x=x: int4_mma(x, mma[i], **c),
+                                            peers.num_int4))  # fmt: skip
+                times = " | ".join(f"{t:.1f}" for t in ts)
+                print(f"| {warps}{' over K' if wsplit else ''} | {split} | {times} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    parser.add_argument("--rows", default="1,16,32")
+    parser.add_argument("--top", type=int, default=3)
+    parser.add_argument("--parts", action="store_true", help="where the time goes")
+    parser.add_argument("--pdl", action="store_true", help="--parts: dependent launches")
+    parser.add_argument("--frag", action="store_true", help="fragment-ordered words in place")
+    args = parser.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = [int(r) for r in args.rows.split(",")]
+    if args.parts:
+        for k, n in shapes:
+            run_parts(k, n, rows, args.pdl)
+        return
+    summary = []
+    for k, n in tqdm(shapes, desc="shapes"):
+        summary += run_shape(k, n, rows, args.top, args.frag)
+        torch.cuda.empty_cache()
+    print(
+        "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
+        "worst rel. error | best config |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, n, m, tb, tt, tm, worst, cfg in summary:
+        c = f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
+        c += f"split {cfg['split_k']}, depth {cfg['depth']}"
+        c += ", pdl" if cfg["pdl"] else ""
+        print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "
+              f"{tb / tm:.2f}x | {worst:.1e} | {c} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

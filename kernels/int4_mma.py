@@ -1,0 +1,488 @@
+"""W4A16 GEMM for small M: the weight's words loaded straight into registers and multiplied by
+``mma.sync`` (Gluon), no shared memory ring, no barriers in the loop. The table of
+``kernels.int4_gemm_config`` runs it at M = 1 on weights with N <= 8192 held in fragment
+order (``_mma_m1``: the warps of a program split K, no split-K across programs); on the H200
+that made qkv, o_proj and down_proj 1.1-1.25x faster than the gemv and the swapped wgmma
+kernel they ran on before (BENCHMARKS.md, "INT4 GEMM", twelfth session). ``parts`` times its
+pieces apart (``benchmarks/bench_int4_mma.py --parts``).
+
+``y = x @ dequant(W)^T`` for 16-bit x [M, K], M up to a few dozen, on an ``Int4MmaWeight``
+(``to_mma``: an ``Int4Weight``'s words in fragment order, read in place, or its codes in
+``mma_order``, which lets x be read in 16-byte loads; groups of 128 K or a multiple, or per
+channel). The swapped wgmma kernel (``kernels.int4_wgmma``) streams its words through a TMA
+ring; at small M that ring's per-program chain (barrier set-up, a TMA round trip per K tile,
+refills behind a barrier) was most of its time (BENCHMARKS.md, eleventh session). Here each
+warp works alone:
+- it owns 16 weight rows of the mma's A operand; per K tile of 128 each lane issues one
+  16-byte load per row it holds (rows lane // 4 and lane // 4 + 8), its own bytes of the
+  fragment, ``DEPTH`` tiles ahead of the one it decodes;
+- a code n becomes the 16-bit float ``BIAS + n`` by one LOP3 (two codes per register; one SHR
+  for three of a word's four registers), exactly: 128 + n in bf16, 1024 + n in fp16, with no
+  subtraction and no scale in the decode;
+- x's tile is read from global memory (L1 and L2 hold it: every program reads the same x):
+  in fragment order the mma's B layout as it is, sixteen 4-byte pairs per row and lane; in
+  ``mma_order`` each lane's 32 columns are contiguous, four 16-byte loads;
+  ``mma.sync`` (m16n8k16) multiplies the codes by it into a per-group fp32 sum, and a second
+  one multiplies a tile of ones by it, which gives the sums of x in the same layout;
+- at the end of each group (or of the warp's K range) the group's scale and offset apply:
+  ``acc += s * sum((BIAS + n) x) + (o - BIAS s) * sum(x)``, which is ``sum((n s + o) x)``.
+The products are exact (16-bit values, fp32 sums); the bias cancels in fp32, a relative error
+of about 1e-4 at most in the tests' and benchmark's checks, below the output's own rounding.
+
+Parallelism over K: ``split_k`` programs, reduced in global memory as the swapped kernel does
+(``MODE`` of ``split_k_output``), or ``wsplit``: the warps of a program take the same 16 rows
+over different K ranges and are summed in shared memory at the end (an explicit buffer: the
+compiler's own cross-warp ``gl.sum`` stored rows 64 bytes apart, 16-way bank conflicts that
+made 16-warp programs 3x slower). Gluon holds a tensor replicated across warps as one value,
+so the warps' different x ranges come from ``_warp_id`` (inline PTX), which only feeds the
+addresses of loads whose registers go straight into the mma. The grid is a function of the
+shapes only and the launcher never waits for the host, so a call can be captured in a CUDA
+graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_order, pack_words, unpack_words
+from kernels.int4_wgmma import _frag_words_layout, _swap_epilogue
+from kernels.launch import FastLaunch
+from kernels.pdl import has_pdl
+from kernels.split_k import split_k_output
+
+# One word of fragment-ordered codes -> its four registers of 16-bit floats BIAS + n: register
+# j holds nibbles j (low half) and j + 4 (high half), each kept over the magic exponent
+# (LOP3 truth table 0xEA: (a & b) | c). $4 is the word ($5, its copy from the pack of two, is
+# unused); 0x43004300 is (128, 128) in bf16 and 0x64006400 (1024, 1024) in fp16, whose lowest
+# mantissa bit weighs 1.
+_CODES_PTX = (
+    "{\n.reg .b32 t;\n"
+    "lop3.b32 $0, $4, 0x000F000F, MAGIC, 0xEA;\n"
+    "shr.u32 t, $4, 4;\nlop3.b32 $1, t, 0x000F000F, MAGIC, 0xEA;\n"
+    "shr.u32 t, $4, 8;\nlop3.b32 $2, t, 0x000F000F, MAGIC, 0xEA;\n"
+    "shr.u32 t, $4, 12;\nlop3.b32 $3, t, 0x000F000F, MAGIC, 0xEA;\n}"
+)
+_CODES_PTX_BF16 = gl.constexpr(_CODES_PTX.replace("MAGIC", "0x43004300"))
+_CODES_PTX_F16 = gl.constexpr(_CODES_PTX.replace("MAGIC", "0x64006400"))
+
+
+@gluon.jit
+def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
+    """Fragment-ordered words q [R, 16 T] (each lane holds words 4t .. 4t + 3 of every 128-K
+    tile of its rows, t = lane % 4) -> the codes as BIAS + n [R, 128 T] (the dtype of ``like``,
+    bf16 or fp16) in the mma A layout
+    ``a_layout`` (K order), registers renamed only (the permutation of
+    ``int4_wgmma._decode_frag``)."""
+    R: gl.constexpr = q.shape[0]
+    T: gl.constexpr = q.shape[1] // 16
+    q4 = gl.reshape(q, [R, T, 4, 4])  # [rows, tile, t, b]
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(
+        asm=_CODES_PTX_BF16 if IS_BF16 else _CODES_PTX_F16,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[gl.join(q4, q4)],
+        dtype=(like.dtype, like.dtype, like.dtype, like.dtype),
+        is_pure=True,
+        pack=2,
+    )
+    # [rows, tile, t, b, h, e, c] -> K order (tile, b, c, e, t, h)
+    w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
+    w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
+    w = gl.reshape(w, [R, 128 * T])
+    return gl.convert_layout(w, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _load_words(qw_ptr, row_ptrs, tile0, tiles_total, kt):
+    """The words of K tile tile0 + kt (16 per row; tile0 per row) of the rows at ``row_ptrs``
+    [R, 16] (their first word, plus the word index), in the fragment layout; none past K."""
+    tile = tile0 + kt
+    return gl.load(row_ptrs + (tile * 16)[:, None], mask=(tile < tiles_total)[:, None], other=0)
+
+
+@gluon.jit
+def _warp_id(like):
+    """The warp of the calling thread (``tid.x / 32``). In a layout that holds a tensor in
+    every warp (x's tile) this gives each warp its own value, which Gluon cannot express: the
+    warps then read x at their own K ranges (``WSPLIT``); the values only feed addresses and
+    masks of loads whose registers go straight to the mma (no cross-warp exchange)."""
+    return gl.inline_asm_elementwise(
+        asm="{\n.reg .b32 t;\nmov.u32 t, %tid.x;\nshr.u32 $0, t, 5;\n}",
+        constraints="=r,r",
+        args=[like],
+        dtype=gl.int32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@gluon.jit
+def _tile_product(q, x_ptrs, x_mask, kt, part, xsum, ones, a_layout: gl.constexpr,
+                  b_layout: gl.constexpr, IS_BF16: gl.constexpr,
+                  X_CONTIG: gl.constexpr):  # fmt: skip
+    """part += codes(q) @ x'^T and xsum += ones @ x'^T (both [BLOCK_N, BLOCK_M]) for K tile kt,
+    x' being x's tile in the column order of the words. ``X_CONTIG`` (``mma_order``): lane t
+    reads x's columns 32t .. 32t + 31 of the tile (four 16-byte loads per row of x) and feeds
+    them to the mma as its columns 8r + 2t + h (column 32t + 2r + h). Otherwise (fragment
+    order): x^T's tile is loaded in the mma's B layout, 4-byte pairs 16 bytes apart."""
+    xv = gl.load(x_ptrs + kt * 128, mask=x_mask, other=0.0)
+    if X_CONTIG:  # [BLOCK_M, 4 (t), 32] -> [128, BLOCK_M]
+        BLOCK_M: gl.constexpr = xv.shape[0]
+        xv = gl.permute(gl.reshape(xv, [BLOCK_M, 4, 16, 2]), (2, 1, 3, 0))  # [r, t, h, m]
+        xv = gl.convert_layout(gl.reshape(xv, [128, BLOCK_M]), b_layout, assert_trivial=True)
+    a = _codes_frag(q, ones, a_layout, IS_BF16)
+    part = mma_v2(a, xv, part)
+    xsum = mma_v2(ones, xv, xsum)
+    return part, xsum
+
+
+@gluon.jit
+def _int4_mma_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    tiles_total,  # K // 128
+    tiles_per_split,  # K tiles per program
+    tiles_per_warp,  # K tiles per warp (WSPLIT: tiles_per_split // num_warps)
+    num_splits,
+    stride_x_m,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_M: gl.constexpr,  # x rows per program: mma N, 8 or 16 (more: repeated)
+    GROUP_TILES: gl.constexpr,  # K tiles per quantization group (per channel: unused)
+    APPLY: gl.constexpr,  # K tiles between scale applications (a group or 1); 0: per channel
+    DEPTH: gl.constexpr,  # K tiles of words in flight ahead of the one decoded (1 or 2)
+    MODE: gl.constexpr,  # split-K epilogue, as int4_tiles._epilogue
+    PDL: gl.constexpr,  # launched as a programmatic dependent: wait before reading anything
+    WSPLIT: gl.constexpr,  # the warps split the program's K range over its 16 rows
+    X_CONTIG: gl.constexpr,  # words in ``mma_order`` (else fragment order): x read contiguously
+    q_layout: gl.constexpr,  # of a tile's words [16 * num_warps, 16] (``_frag_words_layout``)
+    x_layout: gl.constexpr,  # of x's tile [BLOCK_M, 4, 32] (``_x_tile_layout``)
+    num_warps: gl.constexpr,
+    PARTS: gl.constexpr = 0,  # measurement only: 1 no split-K reduction, 2 neither math
+):
+    # Rows of the logical [16 * num_warps, K tile] operand: warp w holds rows 16w .. 16w + 15.
+    # Without WSPLIT they are 16 * num_warps weight rows over one K range; with it, the same
+    # 16 weight rows over num_warps K ranges, summed across warps at the end (shared memory,
+    # no global round trip), so a program covers a long K range with many warps in flight.
+    ROWS: gl.constexpr = 16 if WSPLIT else 16 * num_warps
+    TILE_ROWS: gl.constexpr = 16 * num_warps
+    IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
+    dtype: gl.constexpr = x_ptr.dtype.element_ty
+    BIAS: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_pid_n = gl.cdiv(N, ROWS)
+    off_n = (pid % num_pid_n) * ROWS
+    off_m = (pid // num_pid_n) * BLOCK_M
+    if PDL:  # the next kernel may launch at once; nothing is read before this one's inputs
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    split_tile0 = pid_k * tiles_per_split
+
+    # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
+    r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
+    if WSPLIT:
+        rows = off_n + r % 16
+        q_tile0 = split_tile0 + (r // 16) * tiles_per_warp
+    else:
+        rows = off_n + r
+        q_tile0 = split_tile0 + r * 0
+    q_tile0 = gl.where(rows < N, q_tile0, tiles_total)  # rows past N read nothing
+    words = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
+    row_ptrs = qw_ptr + rows[:, None] * stride_qw_n + words[None, :]
+    # x: every warp holds the tile; with WSPLIT each reads its own K range (``_warp_id``)
+    x_tile0 = split_tile0
+    if WSPLIT:
+        x_tile0 += _warp_id(pid) * tiles_per_warp
+    if X_CONTIG:
+        xm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
+        xi = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
+        x_ptrs = (
+            x_ptr + xm[:, None, None] * stride_x_m + (32 * xt)[None, :, None] + xi[None, None, :]
+        )
+        x_rows_ok = (xm < M)[:, None, None] & (xi < 32)[None, None, :]
+    else:
+        xk = gl.arange(0, 128, layout=gl.SliceLayout(1, b_layout))
+        xm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, b_layout))
+        x_ptrs = x_ptr + xm[None, :] * stride_x_m + xk[:, None]
+        x_rows_ok = (xm < M)[None, :] & (xk < 128)[:, None]
+    x_ptrs += gl.multiple_of(x_tile0 * 128, 128)
+    # scales and offsets: row r of the accumulator, as the words
+    sr = gl.arange(0, TILE_ROWS, layout=row_layout)
+    if WSPLIT:
+        s_rows = off_n + sr % 16
+        s_tile0 = split_tile0 + (sr // 16) * tiles_per_warp
+    else:
+        s_rows = off_n + sr
+        s_tile0 = split_tile0 + sr * 0
+    s_rows_ok = s_rows < N
+
+    ones = gl.full([TILE_ROWS, 128], 1.0, dtype, layout=a_layout)
+    zeros = gl.zeros([TILE_ROWS, BLOCK_M], gl.float32, layout=mma_layout)
+    acc = zeros
+    part = zeros
+    xsum = zeros
+
+    # the next tiles' words are in flight while this one is decoded and multiplied (the last
+    # tiles load their own words again instead of reading the next warp's or split's)
+    last = tiles_per_warp - 1
+    q0 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, 0)
+    if DEPTH == 2:
+        q1 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+    for kt in range(tiles_per_warp):
+        if DEPTH == 2:
+            q2 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+        else:
+            q1 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+        if PARTS == 2:  # the words only, folded into the sum so they are not dead
+            part += gl.convert_layout(gl.sum(q0, axis=1).to(gl.float32), row_layout)[:, None]
+        else:
+            x_mask = x_rows_ok & (x_tile0 + kt < tiles_total)
+            part, xsum = _tile_product(q0, x_ptrs, x_mask, kt, part, xsum, ones, a_layout,
+                                       b_layout, IS_BF16, X_CONTIG)  # fmt: skip
+        if APPLY != 0:
+            if ((kt + 1) % APPLY == 0) | (kt == last):
+                tile = s_tile0 + kt
+                g_ptrs = (tile // GROUP_TILES) * stride_s_g + s_rows
+                ok = s_rows_ok & (tile < tiles_total)
+                s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
+                o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
+                acc += part * s[:, None] + xsum * o[:, None]
+                part = zeros
+                xsum = zeros
+        if DEPTH == 2:
+            q0 = q1
+            q1 = q2
+        else:
+            q0 = q1
+    if APPLY == 0:  # per channel: one scale and offset row
+        s = gl.load(s_ptr + s_rows, mask=s_rows_ok, other=0.0).to(gl.float32)
+        o = gl.load(o_ptr + s_rows, mask=s_rows_ok, other=0.0).to(gl.float32) - BIAS * s
+        acc = part * s[:, None] + xsum * o[:, None]
+    if WSPLIT:
+        # The warps' K ranges summed through shared memory: each warp stores its [16, BLOCK_M]
+        # rows (one contiguous run), and each thread then adds one output's num_warps values.
+        # (``gl.sum`` over a reshaped accumulator had the compiler store rows 64 bytes apart,
+        # 16-way bank conflicts that made the whole kernel 3x slower at 16 warps.)
+        red = gl.allocate_shared_memory(
+            gl.float32, [TILE_ROWS, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        )
+        red.store(acc)
+        gl.thread_barrier()
+        sum_layout: gl.constexpr = gl.BlockedLayout([num_warps, 1], [1, 32], [1, num_warps], [1, 0])
+        parts_by_warp = red.reshape([num_warps, 16 * BLOCK_M]).load(sum_layout)
+        acc = gl.reshape(gl.sum(parts_by_warp, axis=0), [16, BLOCK_M])
+    if PARTS != 0:  # each split stores its own partial over the others' (wrong, timing only)
+        _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
+                       off_n, stride_out_m, 0)  # fmt: skip
+    else:
+        _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
+                       off_n, stride_out_m, MODE)  # fmt: skip
+
+
+_MMA_LAUNCH = FastLaunch(_int4_mma_kernel)
+
+
+@functools.cache
+def _x_tile_layout(block_m: int, num_warps: int) -> gl.DistributedLinearLayout:
+    """Layout of x's K tile as [block_m, 4 (t), 32]: lane 4n + t holds row n (+ 8 per register
+    bit above) and columns 32t .. 32t + 31, contiguous in registers; every warp holds all of
+    it (each multiplies it by its own rows)."""
+    log2 = lambda v: v.bit_length() - 1  # noqa: E731
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1 << i] for i in range(5)]
+        + [[8 << i, 0, 0] for i in range(log2(block_m) - 3)],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[0, 0, 0]] * log2(num_warps),
+        block_bases=[],
+        shape=[block_m, 4, 32],
+    )
+
+
+def _mma_source_k(device: torch.device | str = "cpu") -> torch.Tensor:
+    """[128] int64: the column of a 128-column tile that column j of ``mma_order``'s tile
+    holds: j = 8r + 2t + h holds column 32t + 2r + h, so that the mma lane t multiplies x's
+    columns 32t .. 32t + 31 (one contiguous 64-byte run per row of x)."""
+    j = torch.arange(128, device=device)
+    r, t, h = j // 8, (j % 8) // 2, j % 2
+    return 32 * t + 2 * r + h
+
+
+def mma_order(qweight: torch.Tensor) -> torch.Tensor:
+    """Canonical words int32 [N, K // 8] -> the words ``int4_mma`` reads (K a multiple of 128):
+    the columns of each 128-column tile permuted by ``_mma_source_k``, then put in fragment
+    order (``int4_weight.frag_order``)."""
+    n, words = qweight.shape
+    if words % 16:
+        raise ValueError(f"mma order needs K a multiple of 128, got K={words * 8}")
+    codes = unpack_words(qweight).reshape(n, words // 16, 128)
+    codes = codes[:, :, _mma_source_k(qweight.device)]
+    return frag_order(pack_words(codes.reshape(n, words, 8)))
+
+
+@dataclass(frozen=True)
+class Int4MmaWeight:
+    """An ``Int4Weight`` as ``int4_mma`` reads it (``to_mma``): words int32 [N, K // 8] in
+    ``mma_order`` (``contiguous_x``) or in fragment order (``int4_weight.frag_order``, as the
+    engine holds wide and long-K weights on Hopper), scales and offsets [K // group_size, N]
+    as in the canonical form."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    group_size: int
+    contiguous_x: bool = True
+
+    @property
+    def out_features(self) -> int:
+        return self.qweight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1] * 8
+
+
+def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
+    """``weight`` (canonical or fragment order) with its words in ``mma_order``, or with
+    ``contiguous_x=False`` in fragment order (no copy where they already are; x is then read
+    in 4-byte pairs). Needs K a multiple of 128, groups of a multiple of 128 or one per row,
+    and no act-order permutation (the caller would have to gather x first)."""
+    k, g = weight.in_features, weight.group_size
+    if k % FRAG_TILE_K or (g % FRAG_TILE_K and g != k):
+        raise ValueError(
+            f"int4_mma needs K and the group size multiples of {FRAG_TILE_K} (or one group), "
+            f"got K={k}, group_size={g}"
+        )
+    if weight.in_perm is not None:
+        raise ValueError("int4_mma does not take act-order weights (in_perm); permute x first")
+    if contiguous_x:
+        words = mma_order(weight.to_canonical().qweight)
+    else:
+        words = weight.to_frag().qweight
+    return Int4MmaWeight(words, weight.scales, weight.offsets, g, contiguous_x)
+
+
+def int4_mma_ok(x: torch.Tensor) -> bool:
+    """Whether ``int4_mma`` can run on x: CUDA sm_80+ (``mma.sync``), 16-bit x."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and torch.cuda.get_device_capability(x.device)[0] >= 8
+    )
+
+
+def int4_mma(
+    x: torch.Tensor,
+    weight: Int4MmaWeight,
+    block_m: int = 8,
+    num_warps: int = 4,
+    split_k: int = 1,
+    depth: int = 2,
+    pdl: bool = False,
+    wsplit: bool = False,
+    slots: bool = True,
+    parts: int = 0,
+) -> torch.Tensor:
+    """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16) on the register mma kernel;
+    [M, N] in x's dtype.
+
+    ``num_warps`` warps per program, each over 16 weight rows: different rows, or with
+    ``wsplit`` the program's 16 rows over ``num_warps`` K ranges, summed in shared memory at
+    the end. ``block_m`` rows of x per program (8 or 16; a power of two), ``split_k`` programs
+    along K (reduced in global memory, ``split_k_output``), ``depth`` K tiles of words loaded
+    ahead (1 or 2), ``pdl`` (sm_90+) launches it as a programmatic dependent that waits for
+    the previous kernel before it reads anything. ``parts`` (measurement only) leaves part
+    of the work out: 1 the split-K reduction (each split stores its partial over the
+    others'), 2 the math as well (the words are loaded and summed). Check ``int4_mma_ok``
+    first."""
+    if not isinstance(weight, Int4MmaWeight):
+        raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
+    if parts not in (0, 1, 2):
+        raise ValueError(f"parts must be 0, 1 or 2, got {parts}")
+    if depth not in (1, 2):
+        raise ValueError(f"depth must be 1 or 2, got {depth}")
+    if block_m < 8 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 8, got {block_m}")
+    m, k = x.shape
+    n, g = weight.out_features, weight.group_size
+    if k != weight.in_features:
+        raise ValueError(f"x has K={k}, the weight K={weight.in_features}")
+    tiles = k // FRAG_TILE_K
+    tiles_per_split = -(-tiles // split_k)
+    if wsplit:  # whole K tiles per warp
+        tiles_per_split = -(-tiles_per_split // num_warps) * num_warps
+    num_splits = -(-tiles // tiles_per_split)
+    tiles_per_warp = tiles_per_split // num_warps if wsplit else tiles_per_split
+    rows = 16 if wsplit else 16 * num_warps
+    num_tiles = -(-m // block_m) * -(-n // rows)
+    mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
+    pdl = bool(pdl) and has_pdl(x.device)
+    # scales apply once per group where every warp's K range starts on a group boundary,
+    # else after every tile; per channel once at the end
+    group_tiles = g // FRAG_TILE_K
+    if g == k:
+        apply = 0
+    elif tiles_per_warp % group_tiles == 0 and tiles_per_split % group_tiles == 0:
+        apply = group_tiles
+    else:
+        apply = 1
+    group_tiles = group_tiles if apply else 1
+    key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, weight.contiguous_x,
+           num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
+    _MMA_LAUNCH(
+        (num_tiles, num_splits),
+        key,
+        x,
+        weight.qweight,
+        weight.scales,
+        weight.offsets,
+        out,
+        ws,
+        locks,
+        m,
+        n,
+        tiles,
+        tiles_per_split,
+        tiles_per_warp,
+        num_splits,
+        x.stride(0),
+        weight.qweight.stride(0),
+        weight.scales.stride(0),
+        out.stride(0),
+        BLOCK_M=block_m,
+        GROUP_TILES=group_tiles,
+        APPLY=apply,
+        DEPTH=depth,
+        MODE=mode,
+        PDL=pdl,
+        WSPLIT=wsplit,
+        X_CONTIG=weight.contiguous_x,
+        q_layout=_frag_words_layout(16 * num_warps, 16, num_warps),
+        x_layout=_x_tile_layout(block_m, num_warps),
+        num_warps=num_warps,
+        PARTS=parts,
+        **({"launch_pdl": True} if pdl else {}),
+    )
+    return out.to(x.dtype) if mode == 1 else out

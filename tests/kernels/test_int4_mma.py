@@ -1,0 +1,171 @@
+"""The register mma INT4 kernel for small M (``kernels/int4_mma.py``) against the reference
+(dequantize + matmul in fp32) on CUDA, and its word order on the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels.int4_gemm import choose_config, int4_gemm, int4_gemm_ref
+from kernels.int4_mma import _mma_source_k, int4_mma, int4_mma_ok, mma_order, to_mma
+from kernels.int4_weight import unpack_words
+from tests.kernels.test_int4_gemm import assert_close, random_weight
+
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
+    reason="needs an sm_80+ GPU (mma.sync)",
+)
+
+
+def test_mma_order_columns():
+    """Column j = 8r + 2t + h of a tile holds column 32t + 2r + h, so lane t (of an mma
+    m16n8k16 operand, which holds columns 2t, 2t + 1, 2t + 8, 2t + 9 of every 16) multiplies
+    x's columns 32t .. 32t + 31, and every column of the tile appears once."""
+    src = _mma_source_k().tolist()
+    assert sorted(src) == list(range(128))
+    for t in range(4):
+        lane_cols = [16 * s + 8 * half + 2 * t + h for s in range(8) for half in (0, 1)
+                     for h in (0, 1)]  # fmt: skip
+        assert sorted(src[j] for j in lane_cols) == list(range(32 * t, 32 * t + 32))
+
+
+def test_mma_order_keeps_every_code():
+    """The same codes per 128-column tile of a row, only reordered (nothing lost or mixed
+    across tiles or rows)."""
+    weight = random_weight(5, 384, 128, seed=3)
+    codes = unpack_words(weight.qweight.cpu()).reshape(5, 3, 128)
+    ordered = unpack_words(mma_order(weight.qweight.cpu())).reshape(5, 3, 128)
+    assert torch.equal(codes.sort(dim=-1).values, ordered.sort(dim=-1).values)
+    assert not torch.equal(codes, ordered)
+
+
+def _mma_weight(n: int, k: int, group: int, seed: int, scale_dtype=torch.float16):
+    weight = random_weight(n, k, group, seed=seed)
+    weight = dataclasses.replace(
+        weight, scales=weight.scales.to(scale_dtype), offsets=weight.offsets.to(scale_dtype)
+    )
+    return weight, to_mma(weight)
+
+
+# (block_m, warps, split_k, depth, wsplit); K = 1024 is 8 tiles: wsplit configs give warps
+# of 2 and 1 tiles (a group of 256 then applies once per group or after every tile) and a
+# split-K of 3 that rounds up to whole warps.
+CFGS = [(8, 4, 1, 2, False), (8, 1, 3, 1, False), (16, 2, 2, 2, False), (8, 8, 8, 2, False),
+        (16, 4, 5, 1, False), (8, 4, 1, 2, True), (16, 8, 1, 1, True), (8, 4, 3, 2, True),
+        (32, 2, 2, 1, True)]  # fmt: skip
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [128, 256, 1024])  # 1024 = K: per channel
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: "m{}w{}s{}d{}{}".format(*c))
+def test_matches_reference(dtype, group, cfg):
+    block_m, warps, split, depth, wsplit = cfg
+    ref_w, weight = _mma_weight(1000 + 37, 1024, group, seed=group + split)  # odd N: masked
+    for m in (1, 5, 16, 21):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        assert int4_mma_ok(x)
+        out = int4_mma(x, weight, block_m=block_m, num_warps=warps, split_k=split, depth=depth,
+                       wsplit=wsplit)  # fmt: skip
+        assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"mma {cfg} M={m} g={group}")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [128, 1152])
+@pytest.mark.parametrize("cfg", [(8, 4, 1, 2, True), (8, 8, 2, 1, True), (16, 4, 2, 2, False)])
+def test_k_tiles_not_a_multiple_of_the_warps(group, cfg):
+    """K = 1152 (9 tiles): the last warps' and splits' ranges run past K and read nothing."""
+    block_m, warps, split, depth, wsplit = cfg
+    ref_w, weight = _mma_weight(203, 1152, group, seed=11)
+    for m in (1, 9):
+        x = torch.randn(m, 1152, device="cuda", dtype=torch.bfloat16)
+        out = int4_mma(x, weight, block_m=block_m, num_warps=warps, split_k=split, depth=depth,
+                       wsplit=wsplit)  # fmt: skip
+        assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, f"K=1152 {cfg} M={m}")
+
+
+@cuda
+@pytest.mark.gpu
+def test_bf16_scales_pdl_and_graph_replay():
+    """bf16 scales and offsets, a dependent launch, and replays inside a CUDA graph, where the
+    split-K workspace was sized before the capture."""
+    ref_w, weight = _mma_weight(512, 2048, 128, seed=9, scale_dtype=torch.bfloat16)
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    int4_mma(x, weight, split_k=4, pdl=True)
+    int4_mma(x, weight, split_k=2, pdl=True, wsplit=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = int4_mma(x, weight, split_k=4, pdl=True)
+        out2 = int4_mma(out @ torch.zeros(512, 2048, device="cuda", dtype=torch.bfloat16) + x,
+                        weight, split_k=2, pdl=True, wsplit=True)  # fmt: skip
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        ref = int4_gemm_ref(x, ref_w)
+        assert_close(out, ref, torch.bfloat16, "graph")
+        assert_close(out2, ref, torch.bfloat16, "graph, chained")
+
+
+def test_rejects_what_it_cannot_run():
+    weight = random_weight(16, 256, 128, seed=1)
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    assert not int4_mma_ok(x)  # CPU
+    with pytest.raises(TypeError, match="to_mma"):
+        int4_mma(x, weight)
+    with pytest.raises(ValueError, match="depth"):
+        int4_mma(x, to_mma(weight), depth=3)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        to_mma(random_weight(16, 256, 64, seed=1))
+    with pytest.raises(ValueError, match="act-order"):
+        to_mma(random_weight(16, 256, 128, seed=1, perm=True))
+    with pytest.raises(ValueError, match="K=128"):
+        int4_mma(torch.randn(1, 128, dtype=torch.bfloat16), to_mma(weight))
+
+
+def test_to_mma_from_fragment_order():
+    """A weight held in fragment order (``Int4Weight.to_frag``) gives the same words."""
+    weight = random_weight(24, 256, 128, seed=4)
+    assert torch.equal(to_mma(weight.to_frag()).qweight, to_mma(weight).qweight)
+
+
+@cuda
+@pytest.mark.gpu
+def test_table_runs_fragment_order_on_mma_at_m1():
+    """``int4_gemm``'s table sends M = 1 on a fragment-ordered weight with N <= 8192 to the
+    register mma kernel (reading the words in place, x in 4-byte pairs); eagerly, from a CUDA
+    graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
+    ref_w = random_weight(2056, 1024, 128, seed=21)
+    weight = ref_w.to_frag()
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    assert choose_config(1, 2056, 1024, 128, x.device, frag=True).strategy == "mma"
+    assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, "eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = int4_gemm(x, weight)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, "graph")
+    x32 = torch.randn(1, 1024, device="cuda")
+    assert_close(int4_gemm(x32, weight), int4_gemm_ref(x32, ref_w), torch.float32, "fp32 x")
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [128, 1024])
+def test_fragment_order_words_in_place(group):
+    """``to_mma(..., contiguous_x=False)`` reads a fragment-ordered weight's words as they are
+    (no copy) and gives the reference's output, split and unsplit, warps over rows or K."""
+    ref_w = random_weight(520, 1024, group, seed=22)
+    frag = ref_w.to_frag()
+    view = to_mma(frag, contiguous_x=False)
+    assert view.qweight.data_ptr() == frag.qweight.data_ptr()
+    for cfg in [(8, 16, 1, 1, True), (16, 4, 2, 2, True), (8, 2, 3, 2, False)]:
+        block_m, warps, split, depth, wsplit = cfg
+        for m in (1, 13):
+            x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+            out = int4_mma(x, view, block_m, warps, split, depth, wsplit=wsplit)
+            assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, f"{cfg} M={m}")
