@@ -65,11 +65,11 @@ from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
-    from kernels.int4_mma import int4_mma, int4_mma_ok, to_mma
+    from kernels.int4_mma import Int4MmaWeight, int4_mma, int4_mma_ok
     from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
 except (ImportError, AttributeError):  # pragma: no cover - depends on the Triton build
     int4_wgmma = int4_wgmma_swap = wgmma_ok = wgmma_swap_ok = None
-    int4_mma = int4_mma_ok = to_mma = None
+    Int4MmaWeight = int4_mma = int4_mma_ok = None
 
 __all__ = [
     "Int4Weight",
@@ -785,8 +785,9 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
     g, k = weight.group_size, weight.in_features
     if int4_mma is not None and weight.frag and (g % FRAG_TILE_K == 0 or g == k) and int4_mma_ok(x):
         view = weight.memo.get(("mma",))
-        if view is None:
-            view = weight.memo["mma",] = to_mma(weight, contiguous_x=False)
+        if view is None:  # the words in place; x already gathered by in_perm (act-order)
+            view = Int4MmaWeight(weight.qweight, weight.scales, weight.offsets, g, False)
+            weight.memo["mma",] = view
         return int4_mma(
             x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
             wsplit=cfg.wsplit,

@@ -36,8 +36,8 @@ class Int4Linear(nn.Module):
         self.out_features = sum(p.out_features for p in parts)
         self.group_size = parts[0].group_size
         self._num_parts = len(parts)
-        # word order of each part's buffer: wide and long-K weights on Hopper are put in
-        # fragment order once, when they reach the GPU (``_rebuild``)
+        # word order of each part's buffer: weights with groups of 128 or more on Hopper are
+        # put in fragment order once, when they reach the GPU (``_rebuild``)
         self._frag = [p.frag for p in parts]
         for i, part in enumerate(parts):
             self.register_buffer(f"qweight_{i}", part.qweight)
@@ -56,7 +56,7 @@ class Int4Linear(nn.Module):
 
     def _rebuild(self) -> None:
         """Rebuild the ``Int4Weight`` views of the buffers; a part that ``frag_preferred``
-        picks (wide or long-K, on an sm_90 GPU) has its words put in fragment order here, in
+        picks (groups of 128 or more, on an sm_90 GPU) has its words put in fragment order here, in
         place of the canonical ones, so its buffer holds the kernel's layout from then on."""
         self.parts = []
         for i in range(self._num_parts):

@@ -151,6 +151,10 @@ def test_table_runs_fragment_order_on_mma_at_m1():
     assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, "graph")
     x32 = torch.randn(1, 1024, device="cuda")
     assert_close(int4_gemm(x32, weight), int4_gemm_ref(x32, ref_w), torch.float32, "fp32 x")
+    act_order = random_weight(2056, 1024, 128, seed=23, perm=True)  # x gathered by in_perm
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    want = int4_gemm_ref(x, act_order)
+    assert_close(int4_gemm(x, act_order.to_frag()), want, torch.bfloat16, "act-order")
 
 
 @cuda
