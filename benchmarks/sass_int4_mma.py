@@ -1,0 +1,106 @@
+"""Instructions per K tile and registers of the register mma INT4 kernel
+(``kernels/int4_mma.py``), compiled for sm_90 on any machine (no GPU): fragment-ordered words
+(x in 4-byte pairs) against ``mma_order`` (x in 16-byte loads).
+
+Same method as ``sass_int4_swap.py`` (Triton's bundled ptxas and cuobjdump; the K loop is the
+largest backward branch around the HMMAs). To compile with the device's Triton:
+``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, then
+``PYTHONPATH=/tmp/t36:. python benchmarks/sass_int4_mma.py``.
+
+Configs: the table's M = 1 form (8 x rows, 16 warps over K, one tile ahead, one split) and an
+M = 16 form (16 x rows, 8 warps over K, two tiles ahead, split-K in slots), bf16, groups of
+128.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sass_int4_mm import cuobjdump  # noqa: E402
+
+from kernels import int4_mma as K  # noqa: E402
+from kernels.int4_wgmma import _frag_words_layout  # noqa: E402
+
+INTS = ["M", "N", "tiles_total", "tiles_per_split", "tiles_per_warp", "num_splits",
+        "stride_x_m", "stride_qw_n", "stride_s_g", "stride_out_m"]  # fmt: skip
+ALIGNED = {"N", "stride_x_m", "stride_qw_n", "stride_s_g", "stride_out_m"}
+
+
+def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: bool) -> bytes:
+    """The sm_90 cubin of ``_int4_mma_kernel`` (warps over K) for one config; pointers and
+    the strides the launcher's tensors have are marked 16-divisible, as Triton specializes
+    them on the GPU."""
+    dtype = torch.bfloat16
+    ptrs = {"x_ptr": dtype, "qw_ptr": torch.int32, "s_ptr": dtype, "o_ptr": dtype,
+            "out_ptr": dtype, "ws_ptr": torch.float32, "lock_ptr": torch.int32}  # fmt: skip
+    constexprs = {
+        "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
+        "PDL": True, "WSPLIT": True, "X_CONTIG": contiguous_x,
+        "q_layout": _frag_words_layout(16 * warps, 16, warps),
+        "x_layout": K._x_tile_layout(block_m, warps), "num_warps": warps, "PARTS": 0,
+    }  # fmt: skip
+    kernel = K._int4_mma_kernel
+    signature, values, attrs = {}, {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            values[(i,)] = constexprs[name]
+        elif name in INTS:
+            signature[name] = "i32"
+            if name in ALIGNED:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = mangle_type(torch.empty(1, dtype=ptrs[name]))
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = GluonASTSource(kernel, signature, values, attrs)
+    target = GPUTarget("cuda", 90, 32)
+    return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
+
+
+def k_loop(cubin: bytes) -> list[str]:
+    """Opcodes of the largest loop (backward branch) that contains an HMMA."""
+    sass = cuobjdump(cubin, "-sass")
+    insts = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
+    ]
+    loops = []
+    for addr, text in insts:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any("HMMA" in t for t in body):
+                loops.append(body)
+    if not loops:
+        raise SystemExit("no loop around an HMMA found")
+    body = max(loops, key=len)
+    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
+
+
+def main() -> None:
+    for name, (block_m, warps, depth, mode) in {"M = 1": (8, 16, 1, 0),
+                                                 "M = 16": (16, 8, 2, 3)}.items():  # fmt: skip
+        for contiguous_x in (False, True):
+            cubin = compile_mma(block_m, warps, depth, mode, contiguous_x)
+            ops = k_loop(cubin)
+            regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
+            top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
+            order = "mma_order" if contiguous_x else "fragment order"
+            print(f"{name}, {order}: {len(ops)} instructions per K tile, {regs} registers"
+                  f" ({top})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
