@@ -89,8 +89,9 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
 
 
-def main_loop(cubin: bytes) -> list[str]:
-    """Opcodes of the smallest loop (backward branch) that contains an HGMMA."""
+def main_loop(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
+    """Opcodes of the smallest (``largest``: the largest) loop (backward branch) that contains
+    an ``op`` instruction."""
     sass = cuobjdump(cubin, "-sass")
     insts = [
         (int(m.group(1), 16), m.group(2).strip())
@@ -101,11 +102,11 @@ def main_loop(cubin: bytes) -> list[str]:
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
-            if any(t.split()[0].startswith("HGMMA") or " HGMMA" in t for t in body):
+            if any(t.split()[0].startswith(op) or f" {op}" in t for t in body):
                 loops.append(body)
     if not loops:
-        raise SystemExit("no loop around an HGMMA found")
-    body = min(loops, key=len)
+        raise SystemExit(f"no loop around an {op} found")
+    body = (max if largest else min)(loops, key=len)
     return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
 
 

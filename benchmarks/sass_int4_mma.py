@@ -3,8 +3,8 @@
 (x in 4-byte pairs) against ``mma_order`` (x in 16-byte loads).
 
 Same method as ``sass_int4_swap.py`` (Triton's bundled ptxas and cuobjdump; the K loop is the
-largest backward branch around the HMMAs). To compile with the device's Triton:
-``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, then
+largest backward branch around the HMMAs, ``sass_int4_mm.main_loop``). To compile with the
+device's Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, then
 ``PYTHONPATH=/tmp/t36:. python benchmarks/sass_int4_mma.py``.
 
 Configs: the table's M = 1 form (8 x rows, 16 warps over K, one tile ahead, one split) and an
@@ -28,7 +28,7 @@ from triton.runtime.jit import mangle_type
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sass_int4_mm import cuobjdump  # noqa: E402
+from sass_int4_mm import cuobjdump, main_loop  # noqa: E402
 
 from kernels import int4_mma as K  # noqa: E402
 from kernels.int4_wgmma import _frag_words_layout  # noqa: E402
@@ -69,32 +69,12 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
     return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
 
 
-def k_loop(cubin: bytes) -> list[str]:
-    """Opcodes of the largest loop (backward branch) that contains an HMMA."""
-    sass = cuobjdump(cubin, "-sass")
-    insts = [
-        (int(m.group(1), 16), m.group(2).strip())
-        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
-    ]
-    loops = []
-    for addr, text in insts:
-        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < addr:
-            body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
-            if any("HMMA" in t for t in body):
-                loops.append(body)
-    if not loops:
-        raise SystemExit("no loop around an HMMA found")
-    body = max(loops, key=len)
-    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
-
-
 def main() -> None:
     for name, (block_m, warps, depth, mode) in {"M = 1": (8, 16, 1, 0),
                                                  "M = 16": (16, 8, 2, 3)}.items():  # fmt: skip
         for contiguous_x in (False, True):
             cubin = compile_mma(block_m, warps, depth, mode, contiguous_x)
-            ops = k_loop(cubin)
+            ops = main_loop(cubin, op="HMMA", largest=True)
             regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
             top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
             order = "mma_order" if contiguous_x else "fragment order"

@@ -52,7 +52,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_order, pack_words, unpack_words
-from kernels.int4_wgmma import _frag_words_layout, _swap_epilogue
+from kernels.int4_wgmma import _frag_k_order, _frag_words_layout, _swap_epilogue
 from kernels.launch import FastLaunch
 from kernels.pdl import has_pdl
 from kernels.split_k import split_k_output
@@ -91,11 +91,7 @@ def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
         is_pure=True,
         pack=2,
     )
-    # [rows, tile, t, b, h, e, c] -> K order (tile, b, c, e, t, h)
-    w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
-    w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
-    w = gl.reshape(w, [R, 128 * T])
-    return gl.convert_layout(w, a_layout, assert_trivial=True)
+    return _frag_k_order(p0, p1, p2, p3, a_layout)
 
 
 @gluon.jit

@@ -271,6 +271,16 @@ def _decode_frag(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
         is_pure=True,
         pack=2,
     )
+    return _frag_k_order(p0, p1, p2, p3, a_layout)
+
+
+@gluon.jit
+def _frag_k_order(p0, p1, p2, p3, a_layout: gl.constexpr):
+    """The four registers j of every fragment-ordered word, each [R, T, 4 (t), 4 (b), 2 (h)]
+    16-bit values (nibbles j, j + 4), -> [R, 128 T] in K order in the mma A layout
+    ``a_layout`` (registers renamed only)."""
+    R: gl.constexpr = p0.shape[0]
+    T: gl.constexpr = p0.shape[1]
     # [rows, tile, t, b, h, e, c] -> K order (tile, b, c, e, t, h)
     w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
