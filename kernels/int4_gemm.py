@@ -793,7 +793,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
             wsplit=cfg.wsplit,
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
-    if weight.frag:
+    if weight.frag:  # the swapped kernel's small-M tiling (``_narrow_swap`` up to M = 8)
         return _launch(x, weight, Int4GemmConfig("wgmma", 8, 64, 128, 4, 4, 4, swap=True))
     return _launch(x, weight, choose_config(m, n, k, g, x.device))
 

@@ -216,12 +216,22 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     return min(costs, key=costs.get)
 
 
+def _mma_small(m: int, n: int, k: int) -> bool:
+    """Whether M rows on a fragment-ordered weight with N <= 8192 go to ``_mma_m1`` rather
+    than the swapped kernel: M <= 2, and M <= 4 on o_proj-sized weights (N <= 4096, K < 8192)
+    (twelfth session of 2026-11-30, ``bench_int4_mma.py --frag --rows 2,4,8``: ahead at M = 2
+    on all three narrow shapes, at M = 4 by 11% on 4096 x 4096, 3% on 4096 x 6144 and behind
+    on 14336 x 4096, behind everywhere at M = 8)."""
+    return m <= 2 or (m <= 4 and n <= 4096 and k < 8192)
+
+
 def _mma_m1(n: int) -> Int4GemmConfig:
-    """M = 1 on weights with N <= 8192 in fragment order: the register mma kernel, one program
-    of 16 weight rows whose warps split K, no split-K across programs, one tile ahead,
-    launched as a programmatic dependent; 16 warps while two programs per multiprocessor hold
-    every row (N <= 4096 on the H200's 132), else 8 (twelfth session of 2026-11-30,
-    ``bench_int4_mma.py --frag``; BENCHMARKS.md, "INT4 GEMM")."""
+    """M <= 4 (``_mma_small``) on weights with N <= 8192 in fragment order: the register mma
+    kernel, one program of 16 weight rows (and 8 rows of x) whose warps split K, no split-K
+    across programs, one tile ahead, launched as a programmatic dependent; 16 warps while two
+    programs per multiprocessor hold every row (N <= 4096 on the H200's 132), else 8
+    (twelfth session of 2026-11-30, ``bench_int4_mma.py --frag``; BENCHMARKS.md, "INT4
+    GEMM")."""
     warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
     return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
 
@@ -232,11 +242,12 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
     of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
     split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
-    warp-specialized above. Narrower ones: ``_mma_m1`` at M = 1, else ``_narrow_swap``."""
+    warp-specialized above. Narrower ones: ``_mma_m1`` at M <= 2 (4 on o_proj-sized ones,
+    ``_mma_small``), else ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
-        return _mma_m1(n) if m == 1 else _narrow_swap(m, n, k)
+        return _mma_m1(n) if _mma_small(m, n, k) else _narrow_swap(m, n, k)
     return _wide_swap(m, frag=True)
 
 

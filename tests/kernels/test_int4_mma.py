@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.int4_gemm import choose_config, int4_gemm, int4_gemm_ref
+from kernels.int4_gemm import Int4GemmConfig, choose_config, int4_gemm, int4_gemm_ref
 from kernels.int4_mma import _mma_source_k, int4_mma, int4_mma_ok, mma_order, to_mma
 from kernels.int4_weight import unpack_words
 from tests.kernels.test_int4_gemm import assert_close, random_weight
@@ -135,14 +135,18 @@ def test_to_mma_from_fragment_order():
 @cuda
 @pytest.mark.gpu
 def test_table_runs_fragment_order_on_mma_at_m1():
-    """``int4_gemm``'s table sends M = 1 on a fragment-ordered weight with N <= 8192 to the
-    register mma kernel (reading the words in place, x in 4-byte pairs); eagerly, from a CUDA
-    graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
+    """``int4_gemm``'s table sends M = 1, 2 (and 4 on N <= 4096) on a fragment-ordered weight
+    with N <= 8192 to the register mma kernel (reading the words in place, x in 4-byte
+    pairs); eagerly, from a CUDA graph, and with fp32 x (which it does not take: the swapped
+    kernel's path runs)."""
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
+    for m in (1, 2, 4):  # M = 4 on N <= 4096
+        assert choose_config(m, 2056, 1024, 128, torch.device("cuda"), frag=True).strategy == "mma"
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, f"M={m}")
+    assert choose_config(8, 2056, 1024, 128, torch.device("cuda"), frag=True).swap
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
-    assert choose_config(1, 2056, 1024, 128, x.device, frag=True).strategy == "mma"
-    assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, "eager")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = int4_gemm(x, weight)
@@ -173,3 +177,10 @@ def test_fragment_order_words_in_place(group):
             x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
             out = int4_mma(x, view, block_m, warps, split, depth, wsplit=wsplit)
             assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, f"{cfg} M={m}")
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="wsplit"):
+        Int4GemmConfig("gemv", wsplit=True)
+    with pytest.raises(ValueError, match="1 or 2"):
+        Int4GemmConfig("mma", num_stages=3)
