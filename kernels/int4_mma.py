@@ -77,9 +77,8 @@ _CODES_PTX_F16 = gl.constexpr(_CODES_PTX.replace("MAGIC", "0x64006400"))
 def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     """Fragment-ordered words q [R, 16 T] (each lane holds words 4t .. 4t + 3 of every 128-K
     tile of its rows, t = lane % 4) -> the codes as BIAS + n [R, 128 T] (the dtype of ``like``,
-    bf16 or fp16) in the mma A layout
-    ``a_layout`` (K order), registers renamed only (the permutation of
-    ``int4_wgmma._decode_frag``)."""
+    bf16 or fp16) in the mma A layout ``a_layout`` (K order), registers renamed only
+    (``int4_wgmma._frag_k_order``)."""
     R: gl.constexpr = q.shape[0]
     T: gl.constexpr = q.shape[1] // 16
     q4 = gl.reshape(q, [R, T, 4, 4])  # [rows, tile, t, b]
@@ -95,7 +94,7 @@ def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
 
 
 @gluon.jit
-def _load_words(qw_ptr, row_ptrs, tile0, tiles_total, kt):
+def _load_words(row_ptrs, tile0, tiles_total, kt):
     """The words of K tile tile0 + kt (16 per row; tile0 per row) of the rows at ``row_ptrs``
     [R, 16] (their first word, plus the word index), in the fragment layout; none past K."""
     tile = tile0 + kt
@@ -244,14 +243,14 @@ def _int4_mma_kernel(
     # the next tiles' words are in flight while this one is decoded and multiplied (the last
     # tiles load their own words again instead of reading the next warp's or split's)
     last = tiles_per_warp - 1
-    q0 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, 0)
+    q0 = _load_words(row_ptrs, q_tile0, tiles_total, 0)
     if DEPTH == 2:
-        q1 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+        q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
-            q2 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+            q2 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
         else:
-            q1 = _load_words(qw_ptr, row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+            q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
         if PARTS == 2:  # the words only, folded into the sum so they are not dead
             part += gl.convert_layout(gl.sum(q0, axis=1).to(gl.float32), row_layout)[:, None]
         else:
