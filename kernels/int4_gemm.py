@@ -781,9 +781,11 @@ def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     """The register mma kernel on fragment-ordered words (its view of them made once per
     weight, ``Int4Weight.memo``); where it does not apply (no Gluon, canonical words, fp32 x,
-    groups not a multiple of 128, pre-sm_80), the table's M = 1 choice for that weight."""
+    pre-sm_80), the swapped kernel (fragment order, as ``_narrow_swap`` tiles up to M = 8) or
+    the table's choice for canonical words. Fragment order itself guarantees groups of a
+    multiple of 128 or one per row."""
     g, k = weight.group_size, weight.in_features
-    if int4_mma is not None and weight.frag and (g % FRAG_TILE_K == 0 or g == k) and int4_mma_ok(x):
+    if int4_mma is not None and weight.frag and int4_mma_ok(x):
         view = weight.memo.get(("mma",))
         if view is None:  # the words in place; x already gathered by in_perm (act-order)
             view = Int4MmaWeight(weight.qweight, weight.scales, weight.offsets, g, False)
@@ -793,7 +795,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
             wsplit=cfg.wsplit,
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
-    if weight.frag:  # the swapped kernel's small-M tiling (``_narrow_swap`` up to M = 8)
+    if weight.frag:
         return _launch(x, weight, Int4GemmConfig("wgmma", 8, 64, 128, 4, 4, 4, swap=True))
     return _launch(x, weight, choose_config(m, n, k, g, x.device))
 

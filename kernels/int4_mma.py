@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_order, pack_words, unpack_words
 from kernels.int4_wgmma import _frag_k_order, _frag_words_layout, _swap_epilogue
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl
+from kernels.pdl import _capability_major, has_pdl
 from kernels.split_k import split_k_output
 
 # One word of fragment-ordered codes -> its four registers of 16-bit floats BIAS + n: register
@@ -380,12 +380,12 @@ def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
 
 
 def int4_mma_ok(x: torch.Tensor) -> bool:
-    """Whether ``int4_mma`` can run on x: CUDA sm_80+ (``mma.sync``), 16-bit x."""
-    return (
-        x.is_cuda
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and torch.cuda.get_device_capability(x.device)[0] >= 8
-    )
+    """Whether ``int4_mma`` can run on x: CUDA sm_80+ (``mma.sync``), 16-bit x (the
+    capability looked up once per device: the table's launcher asks on every call)."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _capability_major(index) >= 8
 
 
 def int4_mma(
