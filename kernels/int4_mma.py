@@ -118,6 +118,16 @@ def _warp_id(like):
 
 
 @gluon.jit
+def _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT: gl.constexpr):
+    """(weight row, first K tile) of the operand rows r: warp w's rows 16w .. 16w + 15 are
+    weight rows off_n + r over the program's K range, or with WSPLIT the program's 16 rows
+    (r % 16) over the warp's own range (K tiles from split_tile0 + w * tiles_per_warp)."""
+    if WSPLIT:
+        return off_n + r % 16, split_tile0 + (r // 16) * tiles_per_warp
+    return off_n + r, split_tile0 + r * 0
+
+
+@gluon.jit
 def _tile_product(q, x_ptrs, x_mask, kt, part, xsum, ones, a_layout: gl.constexpr,
                   b_layout: gl.constexpr, IS_BF16: gl.constexpr,
                   X_CONTIG: gl.constexpr):  # fmt: skip
@@ -197,12 +207,7 @@ def _int4_mma_kernel(
 
     # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
-    if WSPLIT:
-        rows = off_n + r % 16
-        q_tile0 = split_tile0 + (r // 16) * tiles_per_warp
-    else:
-        rows = off_n + r
-        q_tile0 = split_tile0 + r * 0
+    rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT)
     q_tile0 = gl.where(rows < N, q_tile0, tiles_total)  # rows past N read nothing
     words = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
     row_ptrs = qw_ptr + rows[:, None] * stride_qw_n + words[None, :]
@@ -226,12 +231,7 @@ def _int4_mma_kernel(
     x_ptrs += gl.multiple_of(x_tile0 * 128, 128)
     # scales and offsets: row r of the accumulator, as the words
     sr = gl.arange(0, TILE_ROWS, layout=row_layout)
-    if WSPLIT:
-        s_rows = off_n + sr % 16
-        s_tile0 = split_tile0 + (sr // 16) * tiles_per_warp
-    else:
-        s_rows = off_n + sr
-        s_tile0 = split_tile0 + sr * 0
+    s_rows, s_tile0 = _operand_rows(sr, off_n, split_tile0, tiles_per_warp, WSPLIT)
     s_rows_ok = s_rows < N
 
     ones = gl.full([TILE_ROWS, 128], 1.0, dtype, layout=a_layout)
