@@ -63,10 +63,17 @@ def compile_variant(variant: str) -> bytes:
 
 
 def compile_sm90(
-    kernel, signature: dict, constexprs: dict, aligned, num_warps: int, num_stages: int
+    kernel,
+    signature: dict,
+    constexprs: dict,
+    aligned,
+    num_warps: int,
+    num_stages: int,
+    source_cls=ASTSource,
 ) -> bytes:
     """The sm_90 cubin of ``kernel`` for the given argument types and constexprs, with the
-    launchers' 16-divisibility hints on pointers and on the ``aligned`` integer arguments."""
+    launchers' 16-divisibility hints on pointers and on the ``aligned`` integer arguments
+    (``source_cls``: Gluon's ``GluonASTSource`` for a Gluon kernel)."""
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = list(kernel.arg_names)
     signature = {n: signature[n] for n in names}  # in argument order, as Triton reads it
@@ -75,7 +82,7 @@ def compile_sm90(
         for n in names
         if n in aligned or signature[n].startswith("*")
     }
-    source = ASTSource(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    source = source_cls(kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
 

@@ -19,16 +19,12 @@ import re
 import sys
 from pathlib import Path
 
-import torch
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sass_int4_mm import cuobjdump, main_loop  # noqa: E402
+from sass_int4_mm import compile_sm90, cuobjdump, main_loop  # noqa: E402
 
 from kernels import int4_mma as K  # noqa: E402
 from kernels.int4_wgmma import _frag_words_layout  # noqa: E402
@@ -39,34 +35,19 @@ ALIGNED = {"N", "stride_x_m", "stride_qw_n", "stride_s_g", "stride_out_m"}
 
 
 def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: bool) -> bytes:
-    """The sm_90 cubin of ``_int4_mma_kernel`` (warps over K) for one config; pointers and
-    the strides the launcher's tensors have are marked 16-divisible, as Triton specializes
-    them on the GPU."""
-    dtype = torch.bfloat16
-    ptrs = {"x_ptr": dtype, "qw_ptr": torch.int32, "s_ptr": dtype, "o_ptr": dtype,
-            "out_ptr": dtype, "ws_ptr": torch.float32, "lock_ptr": torch.int32}  # fmt: skip
+    """The sm_90 cubin of ``_int4_mma_kernel`` (warps over K) for one config, with the hints
+    Triton's specialization gives the launcher's tensors and strides on the GPU."""
+    signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
+                 "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
+                 **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
         "PDL": True, "WSPLIT": True, "X_CONTIG": contiguous_x,
         "q_layout": _frag_words_layout(16 * warps, 16, warps),
         "x_layout": K._x_tile_layout(block_m, warps), "num_warps": warps, "PARTS": 0,
     }  # fmt: skip
-    kernel = K._int4_mma_kernel
-    signature, values, attrs = {}, {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            values[(i,)] = constexprs[name]
-        elif name in INTS:
-            signature[name] = "i32"
-            if name in ALIGNED:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = mangle_type(torch.empty(1, dtype=ptrs[name]))
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    source = GluonASTSource(kernel, signature, values, attrs)
-    target = GPUTarget("cuda", 90, 32)
-    return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
+    return compile_sm90(K._int4_mma_kernel, signature, constexprs, ALIGNED, warps, 1,
+                        GluonASTSource)  # fmt: skip
 
 
 def main() -> None:

@@ -39,7 +39,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.int4_gemm_config import STRATEGIES, Int4GemmConfig, choose_config, wgmma_fallback
+from kernels.int4_gemm_config import (
+    STRATEGIES,
+    Int4GemmConfig,
+    _narrow_swap,
+    choose_config,
+    wgmma_fallback,
+)
 from kernels.int4_tiles import (
     _asm_k_order,
     _dequant_asm,
@@ -54,8 +60,8 @@ from kernels.int4_tiles import (
     _x_planes,
 )
 from kernels.int4_weight import (
-    FRAG_TILE_K,
     Int4Weight,
+    frag_shape_ok,
     frag_unorder,
     tma_tiles_ok,
     unpack_words,
@@ -751,15 +757,12 @@ def frag_preferred(weight: Int4Weight) -> bool:
     mma kernel at M = 1 for N <= 8192 (ahead of the gemv, which reads only canonical words;
     twelfth session of 2026-11-30) and on the swapped wgmma kernel from M = 2 and for wide
     weights, which leads or ties canonical words at every M it runs (``_frag_config``)."""
-    n, k, g = weight.out_features, weight.in_features, weight.group_size
-    q = weight.qweight
     return (
         int4_wgmma is not None
         and int4_mma is not None
-        and is_sm90(q.device)
-        and n % 8 == 0
-        and k % FRAG_TILE_K == 0
-        and (g % FRAG_TILE_K == 0 or g == k)
+        and is_sm90(weight.qweight.device)
+        and weight.out_features % 8 == 0
+        and frag_shape_ok(weight.in_features, weight.group_size)
     )
 
 
@@ -781,7 +784,7 @@ def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     """The register mma kernel on fragment-ordered words (its view of them made once per
     weight, ``Int4Weight.memo``); where it does not apply (no Gluon, canonical words, fp32 x,
-    pre-sm_80), the swapped kernel (fragment order, as ``_narrow_swap`` tiles up to M = 8) or
+    pre-sm_80), the swapped kernel's tiling for that M (fragment order, ``_narrow_swap``) or
     the table's choice for canonical words. Fragment order itself guarantees groups of a
     multiple of 128 or one per row."""
     g, k = weight.group_size, weight.in_features
@@ -796,7 +799,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
     if weight.frag:
-        return _launch(x, weight, Int4GemmConfig("wgmma", 8, 64, 128, 4, 4, 4, swap=True))
+        return _launch(x, weight, _narrow_swap(m, n, k))
     return _launch(x, weight, choose_config(m, n, k, g, x.device))
 
 

@@ -51,7 +51,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from kernels.int4_weight import FRAG_TILE_K, Int4Weight, frag_order, pack_words, unpack_words
+from kernels.int4_weight import (
+    FRAG_TILE_K,
+    Int4Weight,
+    frag_order,
+    frag_shape_ok,
+    pack_words,
+    unpack_words,
+)
 from kernels.int4_wgmma import _frag_k_order, _frag_words_layout, _swap_epilogue
 from kernels.launch import FastLaunch
 from kernels.pdl import _capability_major, has_pdl
@@ -365,7 +372,7 @@ def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
     in 4-byte pairs). Needs K a multiple of 128, groups of a multiple of 128 or one per row,
     and no act-order permutation (the caller would have to gather x first)."""
     k, g = weight.in_features, weight.group_size
-    if k % FRAG_TILE_K or (g % FRAG_TILE_K and g != k):
+    if not frag_shape_ok(k, g):
         raise ValueError(
             f"int4_mma needs K and the group size multiples of {FRAG_TILE_K} (or one group), "
             f"got K={k}, group_size={g}"

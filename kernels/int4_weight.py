@@ -15,6 +15,13 @@ from kernels.pdl import is_sm90
 FRAG_TILE_K = 128  # K columns per tile of the fragment order (``frag_order``)
 
 
+def frag_shape_ok(k: int, group_size: int) -> bool:
+    """Whether a weight with K inputs and this group size can be held in fragment order (and
+    read by the Gluon small-M kernels): K and the group size multiples of ``FRAG_TILE_K``, or
+    one group per row."""
+    return k % FRAG_TILE_K == 0 and (group_size % FRAG_TILE_K == 0 or group_size == k)
+
+
 @dataclass(frozen=True)
 class Int4Weight:
     """A packed INT4 weight in the kernel's canonical layout (see the module docstring).
@@ -55,8 +62,7 @@ class Int4Weight:
                 raise ValueError(f"{name} must be fp16, bf16 or fp32, got {t.dtype}")
         if self.in_perm is not None and tuple(self.in_perm.shape) != (k,):
             raise ValueError(f"in_perm must have shape ({k},), got {tuple(self.in_perm.shape)}")
-        g = self.group_size
-        if self.frag and (k % FRAG_TILE_K or (g % FRAG_TILE_K and g != k)):
+        if self.frag and not frag_shape_ok(k, self.group_size):
             raise ValueError(
                 f"fragment order needs K and the group size multiples of {FRAG_TILE_K} (or one "
                 f"group), got K={k}, group_size={self.group_size}"
