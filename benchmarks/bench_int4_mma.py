@@ -4,6 +4,7 @@ that exceed L2, median time per call).
 
     python3 benchmarks/bench_int4_mma.py [--shapes 4096x4096,...] [--rows 1,16,32]
     python3 benchmarks/bench_int4_mma.py --frag --rows 1    # fragment-ordered words in place
+    python3 benchmarks/bench_int4_mma.py --frag --row-tiles 1,2,4 --launch pdl --rows 1,16
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
@@ -36,10 +37,13 @@ from kernels.int4_gemm import int4_gemm, int4_gemm_ref  # noqa: E402
 from kernels.int4_mma import int4_mma, to_mma  # noqa: E402
 
 
-def candidates(m: int, short: bool = False) -> list[dict]:
+def candidates(
+    m: int, short: bool = False, row_tiles: tuple[int, ...] = (1,), pdl=(False, True)
+) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
-    1-4), 1 or 2 tiles ahead, plain or dependent launches; ``short``: warps over K only, 4-16
-    of them, split-K 1 or 2."""
+    1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
+    of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
+    split-K 1 or 2."""
     block_m = 8 if m <= 8 else 16
     if short:
         shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
@@ -47,14 +51,18 @@ def candidates(m: int, short: bool = False) -> list[dict]:
         shapes = [(w, s, False) for w in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)]
         shapes += [(w, s, True) for w in (2, 4, 8, 16) for s in (1, 2, 4)]
     return [
-        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, pdl=p, wsplit=ws)
+        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, pdl=p, wsplit=ws, row_tiles=r)
         for w, s, ws in shapes
         for d in (1, 2)
-        for p in (False, True)
+        for p in pdl
+        for r in row_tiles
+        if w * r <= 32  # 16 warps of 4 row tiles spill (sass_int4_mma.py)
     ]
 
 
-def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool) -> list[tuple]:
+def run_shape(
+    k: int, n: int, rows: list[int], top: int, frag: bool, row_tiles=(1,), pdl=(False, True)
+) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
     ``mma_order``, on the short candidate list."""
@@ -68,7 +76,8 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool) -> list[tup
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        for cfg in tqdm(candidates(m, short=frag), desc=f"{k}x{n} M={m}", leave=False):
+        cands = candidates(m, short=frag, row_tiles=row_tiles, pdl=pdl)
+        for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
             t = graph_time_us(lambda i, c=cfg, x=x: int4_mma(x, mma[i], **c), peers.num_int4)
@@ -78,6 +87,9 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool) -> list[tup
               f"({t_bf16 / t_table:.2f}x)")  # fmt: skip
         for t, err, cfg in results[:top]:
             print(f"  mma {t:.1f} us ({t_bf16 / t:.2f}x of bf16) err {err:.1e} {cfg}")
+        if len(row_tiles) > 1:
+            best = {r: min(t for t, _, c in results if c["row_tiles"] == r) for r in row_tiles}
+            print("  best per row tiles: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         worst = max(r[1] for r in results)
         summary.append((k, n, m, t_bf16, t_table, results[0][0], worst, results[0][2]))
     return summary
@@ -121,7 +133,11 @@ def main() -> None:
     parser.add_argument("--parts", action="store_true", help="where the time goes")
     parser.add_argument("--pdl", action="store_true", help="--parts: dependent launches")
     parser.add_argument("--frag", action="store_true", help="fragment-ordered words in place")
+    parser.add_argument("--row-tiles", default="1", help="16-row tiles per warp to try: 1,2,4")
+    parser.add_argument("--launch", choices=("both", "plain", "pdl"), default="both")
     args = parser.parse_args()
+    row_tiles = tuple(int(r) for r in args.row_tiles.split(","))
+    pdl = {"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
     if args.parts:
@@ -130,7 +146,7 @@ def main() -> None:
         return
     summary = []
     for k, n in tqdm(shapes, desc="shapes"):
-        summary += run_shape(k, n, rows, args.top, args.frag)
+        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl)
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
@@ -139,6 +155,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for k, n, m, tb, tt, tm, worst, cfg in summary:
         c = f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
+        c += f"{cfg['row_tiles']} row tiles, " if cfg["row_tiles"] > 1 else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "

@@ -34,7 +34,8 @@ INTS = ["M", "N", "tiles_total", "tiles_per_split", "tiles_per_warp", "num_split
 ALIGNED = {"N", "stride_x_m", "stride_qw_n", "stride_s_g", "stride_out_m"}
 
 
-def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: bool) -> bytes:
+def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: bool,
+                row_tiles: int = 1) -> bytes:  # fmt: skip
     """The sm_90 cubin of ``_int4_mma_kernel`` (warps over K) for one config, with the hints
     Triton's specialization gives the launcher's tensors and strides on the GPU."""
     signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
@@ -42,8 +43,8 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
                  **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
-        "PDL": True, "WSPLIT": True, "X_CONTIG": contiguous_x,
-        "q_layout": _frag_words_layout(16 * warps, 16, warps),
+        "PDL": True, "WSPLIT": True, "ROW_TILES": row_tiles, "X_CONTIG": contiguous_x,
+        "q_layout": _frag_words_layout(16 * warps * row_tiles, 16, warps),
         "x_layout": K._x_tile_layout(block_m, warps), "num_warps": warps, "PARTS": 0,
     }  # fmt: skip
     return compile_sm90(K._int4_mma_kernel, signature, constexprs, ALIGNED, warps, 1,

@@ -125,12 +125,15 @@ def _warp_id(like):
 
 
 @gluon.jit
-def _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT: gl.constexpr):
-    """(weight row, first K tile) of the operand rows r: warp w's rows 16w .. 16w + 15 are
-    weight rows off_n + r over the program's K range, or with WSPLIT the program's 16 rows
-    (r % 16) over the warp's own range (K tiles from split_tile0 + w * tiles_per_warp)."""
+def _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT: gl.constexpr,
+                  NUM_WARPS: gl.constexpr):  # fmt: skip
+    """(weight row, first K tile) of the operand rows r. Row r = 16 (NUM_WARPS j + w) + i
+    belongs to warp w (row tile j of it, row i of the tile). Without WSPLIT it is weight row
+    off_n + r over the program's K range; with WSPLIT weight row off_n + 16 j + i over warp w's
+    own range (K tiles from split_tile0 + w * tiles_per_warp)."""
     if WSPLIT:
-        return off_n + r % 16, split_tile0 + (r // 16) * tiles_per_warp
+        w = (r // 16) % NUM_WARPS
+        return off_n + (r // (16 * NUM_WARPS)) * 16 + r % 16, split_tile0 + w * tiles_per_warp
     return off_n + r, split_tile0 + r * 0
 
 
@@ -179,19 +182,22 @@ def _int4_mma_kernel(
     DEPTH: gl.constexpr,  # K tiles of words in flight ahead of the one decoded (1 or 2)
     MODE: gl.constexpr,  # split-K epilogue, as int4_tiles._epilogue
     PDL: gl.constexpr,  # launched as a programmatic dependent: wait before reading anything
-    WSPLIT: gl.constexpr,  # the warps split the program's K range over its 16 rows
+    WSPLIT: gl.constexpr,  # the warps split the program's K range over its 16 ROW_TILES rows
+    ROW_TILES: gl.constexpr,  # 16-row tiles per warp, multiplied by the same x fragments
     X_CONTIG: gl.constexpr,  # words in ``mma_order`` (else fragment order): x read contiguously
     q_layout: gl.constexpr,  # of a tile's words [16 * num_warps, 16] (``_frag_words_layout``)
     x_layout: gl.constexpr,  # of x's tile [BLOCK_M, 4, 32] (``_x_tile_layout``)
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: 1 no split-K reduction, 2 neither math
 ):
-    # Rows of the logical [16 * num_warps, K tile] operand: warp w holds rows 16w .. 16w + 15.
-    # Without WSPLIT they are 16 * num_warps weight rows over one K range; with it, the same
-    # 16 weight rows over num_warps K ranges, summed across warps at the end (shared memory,
-    # no global round trip), so a program covers a long K range with many warps in flight.
-    ROWS: gl.constexpr = 16 if WSPLIT else 16 * num_warps
-    TILE_ROWS: gl.constexpr = 16 * num_warps
+    # Rows of the logical [16 * num_warps * ROW_TILES, K tile] operand: warp w holds the row
+    # tiles 16 (num_warps j + w) .. + 15, j < ROW_TILES (the mma layout's repetition), and
+    # multiplies each by the same x fragments. Without WSPLIT they are that many weight rows
+    # over one K range; with it, 16 ROW_TILES weight rows over num_warps K ranges, summed
+    # across warps at the end (shared memory, no global round trip), so a program covers a
+    # long K range with many warps in flight.
+    ROWS: gl.constexpr = 16 * ROW_TILES if WSPLIT else 16 * num_warps * ROW_TILES
+    TILE_ROWS: gl.constexpr = 16 * num_warps * ROW_TILES
     IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     BIAS: gl.constexpr = 128.0 if IS_BF16 else 1024.0
@@ -214,7 +220,7 @@ def _int4_mma_kernel(
 
     # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
-    rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT)
+    rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT, num_warps)
     q_tile0 = gl.where(rows < N, q_tile0, tiles_total)  # rows past N read nothing
     words = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
     row_ptrs = qw_ptr + rows[:, None] * stride_qw_n + words[None, :]
@@ -238,7 +244,7 @@ def _int4_mma_kernel(
     x_ptrs += gl.multiple_of(x_tile0 * 128, 128)
     # scales and offsets: row r of the accumulator, as the words
     sr = gl.arange(0, TILE_ROWS, layout=row_layout)
-    s_rows, s_tile0 = _operand_rows(sr, off_n, split_tile0, tiles_per_warp, WSPLIT)
+    s_rows, s_tile0 = _operand_rows(sr, off_n, split_tile0, tiles_per_warp, WSPLIT, num_warps)
     s_rows_ok = s_rows < N
 
     ones = gl.full([TILE_ROWS, 128], 1.0, dtype, layout=a_layout)
@@ -285,7 +291,7 @@ def _int4_mma_kernel(
         acc = part * s[:, None] + xsum * o[:, None]
     if WSPLIT:
         # The warps' K ranges summed through shared memory: each warp stores its [16, BLOCK_M]
-        # rows (one contiguous run), and each thread then adds one output's num_warps values.
+        # row tiles (contiguous runs), and each thread then adds one output's num_warps values.
         # (``gl.sum`` over a reshaped accumulator had the compiler store rows 64 bytes apart,
         # 16-way bank conflicts that made the whole kernel 3x slower at 16 warps.)
         red = gl.allocate_shared_memory(
@@ -293,9 +299,11 @@ def _int4_mma_kernel(
         )
         red.store(acc)
         gl.thread_barrier()
-        sum_layout: gl.constexpr = gl.BlockedLayout([num_warps, 1], [1, 32], [1, num_warps], [1, 0])
-        parts_by_warp = red.reshape([num_warps, 16 * BLOCK_M]).load(sum_layout)
-        acc = gl.reshape(gl.sum(parts_by_warp, axis=0), [16, BLOCK_M])
+        sum_layout: gl.constexpr = gl.BlockedLayout(
+            [1, num_warps, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0]
+        )
+        parts_by_warp = red.reshape([ROW_TILES, num_warps, 16 * BLOCK_M]).load(sum_layout)
+        acc = gl.reshape(gl.sum(parts_by_warp, axis=1), [ROWS, BLOCK_M])
     if PARTS != 0:  # each split stores its own partial over the others' (wrong, timing only)
         _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                        off_n, stride_out_m, 0)  # fmt: skip
@@ -404,6 +412,7 @@ def int4_mma(
     depth: int = 2,
     pdl: bool = False,
     wsplit: bool = False,
+    row_tiles: int = 1,
     slots: bool = True,
     parts: int = 0,
 ) -> torch.Tensor:
@@ -412,19 +421,22 @@ def int4_mma(
 
     ``num_warps`` warps per program, each over 16 weight rows: different rows, or with
     ``wsplit`` the program's 16 rows over ``num_warps`` K ranges, summed in shared memory at
-    the end. ``block_m`` rows of x per program (8 or 16; a power of two), ``split_k`` programs
-    along K (reduced in global memory, ``split_k_output``), ``depth`` K tiles of words loaded
-    ahead (1 or 2), ``pdl`` (sm_90+) launches it as a programmatic dependent that waits for
-    the previous kernel before it reads anything. ``parts`` (measurement only) leaves part
-    of the work out: 1 the split-K reduction (each split stores its partial over the
-    others'), 2 the math as well (the words are loaded and summed). Check ``int4_mma_ok``
-    first."""
+    the end; ``row_tiles`` (1, 2 or 4) such groups of 16 rows per warp, multiplied by the same
+    x fragments (fewer loads of x per weight row). ``block_m`` rows of x per program (8 or 16;
+    a power of two), ``split_k`` programs along K (reduced in global memory,
+    ``split_k_output``), ``depth`` K tiles of words loaded ahead (1 or 2), ``pdl`` (sm_90+)
+    launches it as a programmatic dependent that waits for the previous kernel before it
+    reads anything. ``parts`` (measurement only) leaves part of the work out: 1 the split-K
+    reduction (each split stores its partial over the others'), 2 the math as well (the
+    words are loaded and summed). Check ``int4_mma_ok`` first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
     if parts not in (0, 1, 2):
         raise ValueError(f"parts must be 0, 1 or 2, got {parts}")
     if depth not in (1, 2):
         raise ValueError(f"depth must be 1 or 2, got {depth}")
+    if row_tiles not in (1, 2, 4):
+        raise ValueError(f"row_tiles must be 1, 2 or 4, got {row_tiles}")
     if block_m < 8 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 8, got {block_m}")
     m, k = x.shape
@@ -437,7 +449,7 @@ def int4_mma(
         tiles_per_split = -(-tiles_per_split // num_warps) * num_warps
     num_splits = -(-tiles // tiles_per_split)
     tiles_per_warp = tiles_per_split // num_warps if wsplit else tiles_per_split
-    rows = 16 if wsplit else 16 * num_warps
+    rows = 16 * row_tiles * (1 if wsplit else num_warps)
     num_tiles = -(-m // block_m) * -(-n // rows)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     pdl = bool(pdl) and has_pdl(x.device)
@@ -451,8 +463,8 @@ def int4_mma(
     else:
         apply = 1
     group_tiles = group_tiles if apply else 1
-    key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, weight.contiguous_x,
-           num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
+    key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
+           weight.contiguous_x, num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
     _MMA_LAUNCH(
         (num_tiles, num_splits),
         key,
@@ -480,8 +492,9 @@ def int4_mma(
         MODE=mode,
         PDL=pdl,
         WSPLIT=wsplit,
+        ROW_TILES=row_tiles,
         X_CONTIG=weight.contiguous_x,
-        q_layout=_frag_words_layout(16 * num_warps, 16, num_warps),
+        q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
         x_layout=_x_tile_layout(block_m, num_warps),
         num_warps=num_warps,
         PARTS=parts,

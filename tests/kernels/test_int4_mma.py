@@ -49,42 +49,46 @@ def _mma_weight(n: int, k: int, group: int, seed: int, scale_dtype=torch.float16
     return weight, to_mma(weight)
 
 
-# (block_m, warps, split_k, depth, wsplit); K = 1024 is 8 tiles: wsplit configs give warps
-# of 2 and 1 tiles (a group of 256 then applies once per group or after every tile) and a
-# split-K of 3 that rounds up to whole warps.
-CFGS = [(8, 4, 1, 2, False), (8, 1, 3, 1, False), (16, 2, 2, 2, False), (8, 8, 8, 2, False),
-        (16, 4, 5, 1, False), (8, 4, 1, 2, True), (16, 8, 1, 1, True), (8, 4, 3, 2, True),
-        (32, 2, 2, 1, True)]  # fmt: skip
+# (block_m, warps, split_k, depth, wsplit, row_tiles); K = 1024 is 8 tiles: wsplit configs
+# give warps of 2 and 1 tiles (a group of 256 then applies once per group or after every
+# tile) and a split-K of 3 that rounds up to whole warps; 2 and 4 row tiles per warp, over
+# rows and over K, with N = 1037 leave the last program's row tiles partly or wholly past N.
+CFGS = [(8, 4, 1, 2, False, 1), (8, 1, 3, 1, False, 1), (16, 2, 2, 2, False, 1),
+        (8, 8, 8, 2, False, 1), (16, 4, 5, 1, False, 1), (8, 4, 1, 2, True, 1),
+        (16, 8, 1, 1, True, 1), (8, 4, 3, 2, True, 1), (32, 2, 2, 1, True, 1),
+        (16, 8, 1, 1, True, 2), (8, 4, 3, 2, True, 4), (16, 2, 2, 1, False, 2),
+        (8, 4, 1, 2, False, 4)]  # fmt: skip
 
 
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [128, 256, 1024])  # 1024 = K: per channel
-@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: "m{}w{}s{}d{}{}".format(*c))
+@pytest.mark.parametrize("cfg", CFGS, ids=lambda c: "m{}w{}s{}d{}{}r{}".format(*c))
 def test_matches_reference(dtype, group, cfg):
-    block_m, warps, split, depth, wsplit = cfg
+    block_m, warps, split, depth, wsplit, row_tiles = cfg
     ref_w, weight = _mma_weight(1000 + 37, 1024, group, seed=group + split)  # odd N: masked
     for m in (1, 5, 16, 21):
         x = torch.randn(m, 1024, device="cuda", dtype=dtype)
         assert int4_mma_ok(x)
         out = int4_mma(x, weight, block_m=block_m, num_warps=warps, split_k=split, depth=depth,
-                       wsplit=wsplit)  # fmt: skip
+                       wsplit=wsplit, row_tiles=row_tiles)  # fmt: skip
         assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"mma {cfg} M={m} g={group}")
 
 
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [128, 1152])
-@pytest.mark.parametrize("cfg", [(8, 4, 1, 2, True), (8, 8, 2, 1, True), (16, 4, 2, 2, False)])
+@pytest.mark.parametrize("cfg", [(8, 4, 1, 2, True, 1), (8, 8, 2, 1, True, 1),
+                                 (16, 4, 2, 2, False, 1), (16, 8, 1, 1, True, 2)])  # fmt: skip
 def test_k_tiles_not_a_multiple_of_the_warps(group, cfg):
     """K = 1152 (9 tiles): the last warps' and splits' ranges run past K and read nothing."""
-    block_m, warps, split, depth, wsplit = cfg
+    block_m, warps, split, depth, wsplit, row_tiles = cfg
     ref_w, weight = _mma_weight(203, 1152, group, seed=11)
     for m in (1, 9):
         x = torch.randn(m, 1152, device="cuda", dtype=torch.bfloat16)
         out = int4_mma(x, weight, block_m=block_m, num_warps=warps, split_k=split, depth=depth,
-                       wsplit=wsplit)  # fmt: skip
+                       wsplit=wsplit, row_tiles=row_tiles)  # fmt: skip
         assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, f"K=1152 {cfg} M={m}")
 
 
@@ -118,6 +122,8 @@ def test_rejects_what_it_cannot_run():
         int4_mma(x, weight)
     with pytest.raises(ValueError, match="depth"):
         int4_mma(x, to_mma(weight), depth=3)
+    with pytest.raises(ValueError, match="row_tiles"):
+        int4_mma(x, to_mma(weight), row_tiles=3)
     with pytest.raises(ValueError, match="multiples of 128"):
         to_mma(random_weight(16, 256, 64, seed=1))
     with pytest.raises(ValueError, match="act-order"):
@@ -171,11 +177,13 @@ def test_fragment_order_words_in_place(group):
     frag = ref_w.to_frag()
     view = to_mma(frag, contiguous_x=False)
     assert view.qweight.data_ptr() == frag.qweight.data_ptr()
-    for cfg in [(8, 16, 1, 1, True), (16, 4, 2, 2, True), (8, 2, 3, 2, False)]:
-        block_m, warps, split, depth, wsplit = cfg
+    for cfg in [(8, 16, 1, 1, True, 1), (16, 4, 2, 2, True, 1), (8, 2, 3, 2, False, 1),
+                (16, 8, 1, 1, True, 2), (8, 16, 1, 1, True, 2)]:  # fmt: skip
+        block_m, warps, split, depth, wsplit, row_tiles = cfg
         for m in (1, 13):
             x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-            out = int4_mma(x, view, block_m, warps, split, depth, wsplit=wsplit)
+            out = int4_mma(x, view, block_m, warps, split, depth, wsplit=wsplit,
+                           row_tiles=row_tiles)  # fmt: skip
             assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, f"{cfg} M={m}")
 
 
