@@ -56,10 +56,11 @@ class Int4GemmConfig:
     for; 3 or more stages); ``pdl`` launches it as a programmatic dependent that lets the next
     launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md).
     ``mma`` (sm_80+, 16-bit x, fragment-ordered words, groups of a multiple of 128: the register
-    mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``num_warps`` warps
-    of 16 weight rows, or with ``wsplit`` the same 16 rows over ``num_warps`` K ranges summed
-    in shared memory; ``num_stages`` K tiles of words loaded ahead (1 or 2); ``split_k`` and
-    ``pdl`` as elsewhere; where it does not apply, the swapped wgmma kernel runs instead.
+    mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``block_n`` weight
+    rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
+    with ``wsplit`` the same ``block_n`` rows over ``num_warps`` K ranges summed in shared
+    memory; ``num_stages`` K tiles of words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as
+    elsewhere; where it does not apply, the swapped wgmma kernel runs instead.
     """
 
     strategy: str
@@ -99,6 +100,13 @@ class Int4GemmConfig:
             raise ValueError("wsplit applies to the mma strategy only")
         if self.strategy == "mma" and self.num_stages not in (1, 2):
             raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
+        if self.strategy == "mma" and self.block_n not in (
+            r * (1 if self.wsplit else self.num_warps) for r in (16, 32, 64)
+        ):
+            raise ValueError(
+                "the mma strategy gives each warp 16, 32 or 64 weight rows: block_n must be "
+                f"that{'' if self.wsplit else ' times num_warps'}, got {self.block_n}"
+            )
         if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:
@@ -216,24 +224,31 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     return min(costs, key=costs.get)
 
 
-def _mma_small(m: int, n: int, k: int) -> bool:
-    """Whether M rows on a fragment-ordered weight with N <= 8192 go to ``_mma_m1`` rather
-    than the swapped kernel: M <= 2, and M <= 4 on o_proj-sized weights (N <= 4096, K < 8192)
-    (twelfth session of 2026-11-30, ``bench_int4_mma.py --frag --rows 2,4,8``: ahead at M = 2
-    on all three narrow shapes, at M = 4 by 11% on 4096 x 4096, 3% on 4096 x 6144 and behind
-    on 14336 x 4096, behind everywhere at M = 8)."""
-    return m <= 2 or (m <= 4 and n <= 4096 and k < 8192)
+def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
+    """Small M on a fragment-ordered weight with N <= 8192: the register mma kernel where it
+    led the swapped kernel on the H200, else None. 8 rows of x per program, whose warps
+    split K (no split-K across programs), one tile ahead, launched as a programmatic
+    dependent; 16 weight rows per program at M <= 2, and 32 (two row tiles per warp, which
+    share x's fragments) at M = 3-8 on o_proj-sized weights (N <= 4096, K < 8192) and at
+    M = 3-4 on qkv-sized ones (K < 8192); 16 warps while the programs fit in one wave at
+    that size (two per multiprocessor with 16 rows, one with 32), else 8.
 
-
-def _mma_m1(n: int) -> Int4GemmConfig:
-    """M <= 4 (``_mma_small``) on weights with N <= 8192 in fragment order: the register mma
-    kernel, one program of 16 weight rows (and 8 rows of x) whose warps split K, no split-K
-    across programs, one tile ahead, launched as a programmatic dependent; 16 warps while two
-    programs per multiprocessor hold every row (N <= 4096 on the H200's 132), else 8
-    (twelfth session of 2026-11-30, ``bench_int4_mma.py --frag``; BENCHMARKS.md, "INT4
-    GEMM")."""
-    warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
-    return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
+    Measured (BENCHMARKS.md, "INT4 GEMM", thirteenth session of 2026-11-30, ``bench_int4_mma.py
+    --frag --row-tiles 1,2,4 --launch pdl``, us against the swapped kernel): 4096 x 4096 at
+    M = 4 / 8: 6.6 / 7.3 against 7.2 (one row tile) / 8.5; 4096 x 6144 at M = 4: 8.9 against
+    10.0, at M = 8 10.1 against 10.0 (so not routed); 14336 x 4096 ties or loses from M = 4,
+    and every shape from M = 16 (10.6-41.7 against 9.6-25.0). M <= 2 as chosen in the
+    twelfth session (one row tile was as fast as two there in this run)."""
+    if n > 8192:
+        return None
+    if m <= 2:
+        rows, waves = 16, 2 * _ONE_WAVE
+    elif k < 8192 and (m <= 4 or (m <= 8 and n <= 4096)):
+        rows, waves = 32, _ONE_WAVE
+    else:
+        return None
+    warps = 16 if -(-n // rows) <= waves else 8
+    return Int4GemmConfig("mma", 8, rows, 128, 1, warps, 1, pdl=True, wsplit=True)
 
 
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
@@ -242,12 +257,12 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
     of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
     split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
-    warp-specialized above. Narrower ones: ``_mma_m1`` at M <= 2 (4 on o_proj-sized ones,
-    ``_mma_small``), else ``_narrow_swap``."""
+    warp-specialized above. Narrower ones: ``_mma_config`` at small M, else
+    ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
-        return _mma_m1(n) if _mma_small(m, n, k) else _narrow_swap(m, n, k)
+        return _mma_config(m, n, k) or _narrow_swap(m, n, k)
     return _wide_swap(m, frag=True)
 
 

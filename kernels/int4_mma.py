@@ -1,10 +1,11 @@
 """W4A16 GEMM for small M: the weight's words loaded straight into registers and multiplied by
 ``mma.sync`` (Gluon), no shared memory ring, no barriers in the loop. The table of
-``kernels.int4_gemm_config`` runs it at M = 1 on weights with N <= 8192 held in fragment
-order (``_mma_m1``: the warps of a program split K, no split-K across programs); on the H200
-that made qkv, o_proj and down_proj 1.1-1.25x faster than the gemv and the swapped wgmma
-kernel they ran on before (BENCHMARKS.md, "INT4 GEMM", twelfth session). ``parts`` times its
-pieces apart (``benchmarks/bench_int4_mma.py --parts``).
+``kernels.int4_gemm_config`` runs it at M <= 2 on weights with N <= 8192 held in fragment
+order, and up to M = 8 on some (``_mma_config``: the warps of a program split K, no split-K
+across programs); on the H200 that made qkv, o_proj and down_proj 1.1-1.25x faster at M = 1
+than the gemv and the swapped wgmma kernel they ran on before (BENCHMARKS.md, "INT4 GEMM",
+twelfth session), and o_proj 1.2x at M = 8 with two row tiles per warp (thirteenth).
+``parts`` times its pieces apart (``benchmarks/bench_int4_mma.py --parts``).
 
 ``y = x @ dequant(W)^T`` for 16-bit x [M, K], M up to a few dozen, on an ``Int4MmaWeight``
 (``to_mma``: an ``Int4Weight``'s words in fragment order, read in place, or its codes in
@@ -13,9 +14,10 @@ channel). The swapped wgmma kernel (``kernels.int4_wgmma``) streams its words th
 ring; at small M that ring's per-program chain (barrier set-up, a TMA round trip per K tile,
 refills behind a barrier) was most of its time (BENCHMARKS.md, eleventh session). Here each
 warp works alone:
-- it owns 16 weight rows of the mma's A operand; per K tile of 128 each lane issues one
-  16-byte load per row it holds (rows lane // 4 and lane // 4 + 8), its own bytes of the
-  fragment, ``DEPTH`` tiles ahead of the one it decodes;
+- it owns 16 weight rows of the mma's A operand (or ``ROW_TILES`` such tiles, multiplied by
+  the same x fragments); per K tile of 128 each lane issues one 16-byte load per row it
+  holds (rows lane // 4 and lane // 4 + 8 of each tile), its own bytes of the fragment,
+  ``DEPTH`` tiles ahead of the one it decodes;
 - a code n becomes the 16-bit float ``BIAS + n`` by one LOP3 (two codes per register; one SHR
   for three of a word's four registers), exactly: 128 + n in bf16, 1024 + n in fp16, with no
   subtraction and no scale in the decode;

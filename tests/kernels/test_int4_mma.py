@@ -140,18 +140,24 @@ def test_to_mma_from_fragment_order():
 
 @cuda
 @pytest.mark.gpu
-def test_table_runs_fragment_order_on_mma_at_m1():
-    """``int4_gemm``'s table sends M = 1, 2 (and 4 on N <= 4096) on a fragment-ordered weight
-    with N <= 8192 to the register mma kernel (reading the words in place, x in 4-byte
-    pairs); eagerly, from a CUDA graph, and with fp32 x (which it does not take: the swapped
-    kernel's path runs)."""
+def test_table_runs_fragment_order_on_mma_at_small_m():
+    """``int4_gemm``'s table sends M = 1, 2 on a fragment-ordered weight with N <= 8192 to the
+    register mma kernel (reading the words in place, x in 4-byte pairs), and M = 3-8 with
+    two row tiles per warp on N <= 4096 (M = 3-4 on N <= 8192) where K < 8192; eagerly, from
+    a CUDA graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
-    for m in (1, 2, 4):  # M = 4 on N <= 4096
-        assert choose_config(m, 2056, 1024, 128, torch.device("cuda"), frag=True).strategy == "mma"
+    cuda = torch.device("cuda")
+    for m in (1, 2, 3, 4, 8):
+        cfg = choose_config(m, 2056, 1024, 128, cuda, frag=True)
+        assert cfg.strategy == "mma" and cfg.block_n == (16 if m <= 2 else 32), (m, cfg)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, f"M={m}")
-    assert choose_config(8, 2056, 1024, 128, torch.device("cuda"), frag=True).swap
+    for m, n, k, mma in [(4, 6144, 4096, True), (8, 6144, 4096, False), (9, 2056, 1024, False),
+                         (2, 4096, 14336, True), (4, 4096, 14336, False),
+                         (1, 28672, 4096, False)]:  # fmt: skip
+        assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
+    assert choose_config(9, 2056, 1024, 128, cuda, frag=True).swap
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -192,3 +198,8 @@ def test_config_checks():
         Int4GemmConfig("gemv", wsplit=True)
     with pytest.raises(ValueError, match="1 or 2"):
         Int4GemmConfig("mma", num_stages=3)
+    with pytest.raises(ValueError, match="16, 32 or 64 weight rows"):
+        Int4GemmConfig("mma", block_n=128, num_stages=1, wsplit=True)
+    with pytest.raises(ValueError, match="times num_warps"):
+        Int4GemmConfig("mma", block_n=32, num_warps=4, num_stages=1)
+    Int4GemmConfig("mma", block_n=64, num_warps=2, num_stages=1)  # 2 warps of 32 rows
