@@ -5,6 +5,7 @@ that exceed L2, median time per call).
     python3 benchmarks/bench_int4_mma.py [--shapes 4096x4096,...] [--rows 1,16,32]
     python3 benchmarks/bench_int4_mma.py --frag --rows 1    # fragment-ordered words in place
     python3 benchmarks/bench_int4_mma.py --frag --row-tiles 1,2,4 --launch pdl --rows 1,16
+    python3 benchmarks/bench_int4_mma.py --frag --x-smem --row-tiles 1,2,4 --launch pdl
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
@@ -38,13 +39,38 @@ from kernels.int4_mma import int4_mma, to_mma  # noqa: E402
 
 
 def candidates(
-    m: int, short: bool = False, row_tiles: tuple[int, ...] = (1,), pdl=(False, True)
+    m: int,
+    short: bool = False,
+    row_tiles: tuple[int, ...] = (1,),
+    pdl=(False, True),
+    x_smem: bool = False,
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
     of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
     split-K 1 or 2."""
     block_m = 8 if m <= 8 else 16
+    if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
+        return [
+            dict(
+                block_m=block_m,
+                num_warps=w,
+                split_k=s,
+                depth=d,
+                pdl=p,
+                wsplit=True,
+                row_tiles=r,
+                x_smem=True,
+                x_stages=xs,
+            )  # fmt: skip
+            for w in (8, 16)
+            for s in (1, 2)
+            for d in (1, 2)
+            for p in pdl
+            for r in row_tiles
+            for xs in (2, 3)
+            if w * r <= 32
+        ]
     if short:
         shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
     else:
@@ -61,7 +87,14 @@ def candidates(
 
 
 def run_shape(
-    k: int, n: int, rows: list[int], top: int, frag: bool, row_tiles=(1,), pdl=(False, True)
+    k: int,
+    n: int,
+    rows: list[int],
+    top: int,
+    frag: bool,
+    row_tiles=(1,),
+    pdl=(False, True),
+    x_smem: bool = False,
 ) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
@@ -76,7 +109,7 @@ def run_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, short=frag, row_tiles=row_tiles, pdl=pdl)
+        cands = candidates(m, short=frag, row_tiles=row_tiles, pdl=pdl, x_smem=x_smem)
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -135,6 +168,7 @@ def main() -> None:
     parser.add_argument("--frag", action="store_true", help="fragment-ordered words in place")
     parser.add_argument("--row-tiles", default="1", help="16-row tiles per warp to try: 1,2,4")
     parser.add_argument("--launch", choices=("both", "plain", "pdl"), default="both")
+    parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     args = parser.parse_args()
     row_tiles = tuple(int(r) for r in args.row_tiles.split(","))
     pdl = {"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch]
@@ -146,7 +180,7 @@ def main() -> None:
         return
     summary = []
     for k, n in tqdm(shapes, desc="shapes"):
-        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl)
+        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem)
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
@@ -156,6 +190,7 @@ def main() -> None:
     for k, n, m, tb, tt, tm, worst, cfg in summary:
         c = f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
         c += f"{cfg['row_tiles']} row tiles, " if cfg["row_tiles"] > 1 else ""
+        c += f"x in smem ({cfg['x_stages']} stages), " if cfg.get("x_smem") else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "

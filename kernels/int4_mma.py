@@ -51,7 +51,7 @@ import torch
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kernels.int4_weight import (
     FRAG_TILE_K,
@@ -314,7 +314,213 @@ def _int4_mma_kernel(
                        off_n, stride_out_m, MODE)  # fmt: skip
 
 
+@gluon.jit
+def _codes_frag3(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
+    """``_codes_frag`` for one K tile per warp: words q [W, R, 16] (warp w's rows in [w]) ->
+    codes BIAS + n [W, R, 128] in the batched mma A layout ``a_layout`` (registers renamed
+    only)."""
+    W: gl.constexpr = q.shape[0]
+    R: gl.constexpr = q.shape[1]
+    q4 = gl.reshape(q, [W, R, 4, 4])  # [warp, rows, t, b]
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(
+        asm=_CODES_PTX_BF16 if IS_BF16 else _CODES_PTX_F16,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[gl.join(q4, q4)],
+        dtype=(like.dtype, like.dtype, like.dtype, like.dtype),
+        is_pure=True,
+        pack=2,
+    )
+    # [warp, rows, t, b, h, e, c] -> K order (b, c, e, t, h), as ``_frag_k_order``
+    w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
+    w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
+    w = gl.reshape(w, [W, R, 128])
+    return gl.convert_layout(w, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _int4_mma_xs_kernel(
+    x_ptr,
+    qw_ptr,
+    s_ptr,
+    o_ptr,
+    out_ptr,
+    ws_ptr,
+    lock_ptr,
+    M,
+    N,
+    tiles_total,
+    tiles_per_split,
+    tiles_per_warp,
+    num_splits,
+    stride_x_m,
+    stride_qw_n,
+    stride_s_g,
+    stride_out_m,
+    BLOCK_M: gl.constexpr,
+    GROUP_TILES: gl.constexpr,
+    APPLY: gl.constexpr,
+    DEPTH: gl.constexpr,
+    MODE: gl.constexpr,
+    PDL: gl.constexpr,
+    ROW_TILES: gl.constexpr,
+    X_STAGES: gl.constexpr,  # x tiles in the shared ring (2: one ahead, 3: two ahead)
+    q_layout: gl.constexpr,  # of the words [num_warps, 16 ROW_TILES, 16] (``_frag_words3``)
+    x_layout: gl.constexpr,  # of x's copy [num_warps, BLOCK_M, 128], 16 bytes per thread
+    num_warps: gl.constexpr,
+):
+    """The warps-over-K form (``wsplit``) of ``_int4_mma_kernel`` as a batched mma whose batch
+    is the warp: warp w multiplies the program's 16 ROW_TILES rows over its own K range by x's
+    tiles of that range, which it copies into shared memory with ``cp.async`` (16 bytes per
+    thread) and reads back with ``ldmatrix``; x's fragments in place took 16-32 four-byte
+    loads per thread and tile, each touching 8 rows. One CTA barrier per tile publishes the
+    copies (and frees the ring slot the next copy overwrites)."""
+    ROWS: gl.constexpr = 16 * ROW_TILES
+    IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
+    dtype: gl.constexpr = x_ptr.dtype.element_ty
+    BIAS: gl.constexpr = 128.0 if IS_BF16 else 1024.0
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[num_warps, 1, 1], instr_shape=[1, 16, 8]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
+    acc_rows: gl.constexpr = gl.SliceLayout(2, mma_layout)
+
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_pid_n = gl.cdiv(N, ROWS)
+    off_n = (pid % num_pid_n) * ROWS
+    off_m = (pid // num_pid_n) * BLOCK_M
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    split_tile0 = pid_k * tiles_per_split
+
+    # words [warp, row, word]: weight row off_n + row over warp w's K range
+    qw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, q_layout)))
+    qr = off_n + gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, q_layout)))
+    qi = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, q_layout)))
+    q_tile0 = split_tile0 + qw * tiles_per_warp
+    q_tile0 = gl.where((qr < N)[None, :], q_tile0[:, None], tiles_total)[:, :, None]
+    q_ptrs = qw_ptr + (qr * stride_qw_n)[None, :, None] + qi[None, None, :]
+    # x's copies [warp, x row, column of the tile]
+    xw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+    xm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
+    xk = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
+    x_tile0 = (split_tile0 + xw * tiles_per_warp)[:, None, None]
+    x_ptrs = x_ptr + (xm * stride_x_m)[None, :, None] + xk[None, None, :] + x_tile0 * 128
+    x_ok = (xm < M)[None, :, None] & (xk < 128)[None, None, :]
+    # scales and offsets [warp, row]
+    sw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, acc_rows))
+    sr = off_n + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc_rows))
+    s_tile0 = (split_tile0 + sw * tiles_per_warp)[:, None]
+    s_rows_ok = (sr < N)[None, :]
+
+    ring = gl.allocate_shared_memory(
+        dtype,
+        [X_STAGES, num_warps, BLOCK_M, 128],
+        gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]),
+    )
+    ones = gl.full([num_warps, ROWS, 128], 1.0, dtype, layout=a_layout)
+    zeros = gl.zeros([num_warps, ROWS, BLOCK_M], gl.float32, layout=mma_layout)
+    acc = zeros
+    part = zeros
+    xsum = zeros
+
+    last = tiles_per_warp - 1
+    for stage in gl.static_range(X_STAGES - 1):  # x's first tiles
+        kt = gl.minimum(stage, last)
+        async_copy.async_copy_global_to_shared(
+            ring.index(stage), x_ptrs + kt * 128, mask=x_ok & (x_tile0 + kt < tiles_total)
+        )
+        async_copy.commit_group()
+    q0 = _load_words3(q_ptrs, q_tile0, tiles_total, 0)
+    if DEPTH == 2:
+        q1 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+    for kt in range(tiles_per_warp):
+        if DEPTH == 2:
+            q2 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+        else:
+            q1 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+        async_copy.wait_group(X_STAGES - 2)  # this thread's copies of tile kt have landed
+        gl.thread_barrier()  # everyone's; and everyone is done with tile kt - 1's slot
+        ahead = gl.minimum(kt + X_STAGES - 1, last)
+        async_copy.async_copy_global_to_shared(
+            ring.index((kt + X_STAGES - 1) % X_STAGES),
+            x_ptrs + ahead * 128,
+            mask=x_ok & (x_tile0 + ahead < tiles_total),
+        )
+        async_copy.commit_group()
+        xv = ring.index(kt % X_STAGES).permute((0, 2, 1)).load(b_layout)
+        a = _codes_frag3(q0, ones, a_layout, IS_BF16)
+        part = mma_v2(a, xv, part)
+        xsum = mma_v2(ones, xv, xsum)
+        if APPLY != 0:
+            if ((kt + 1) % APPLY == 0) | (kt == last):
+                tile = s_tile0 + kt
+                g_ptrs = (tile // GROUP_TILES) * stride_s_g + sr[None, :]
+                ok = s_rows_ok & (tile < tiles_total)
+                s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
+                o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
+                acc += part * s[:, :, None] + xsum * o[:, :, None]
+                part = zeros
+                xsum = zeros
+        if DEPTH == 2:
+            q0 = q1
+            q1 = q2
+        else:
+            q0 = q1
+    async_copy.wait_group(0)
+    if APPLY == 0:  # per channel
+        ok = s_rows_ok & (sw >= 0)[:, None]
+        s = gl.load(s_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
+        o = gl.load(o_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
+        acc = part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
+    # the warps' K ranges summed through shared memory, as ``_int4_mma_kernel``
+    red = gl.allocate_shared_memory(
+        gl.float32, [num_warps, ROWS, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    )
+    red.store(acc)
+    gl.thread_barrier()
+    sum_layout: gl.constexpr = gl.BlockedLayout([num_warps, 1], [1, 32], [1, num_warps], [1, 0])
+    parts_by_warp = red.reshape([num_warps, ROWS * BLOCK_M]).load(sum_layout)
+    total = gl.reshape(gl.sum(parts_by_warp, axis=0), [ROWS, BLOCK_M])
+    _swap_epilogue(total, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
+                   off_n, stride_out_m, MODE)  # fmt: skip
+
+
+@gluon.jit
+def _load_words3(q_ptrs, q_tile0, tiles_total, kt):
+    """The words of K tile q_tile0 + kt of each warp's rows ([warp, row, word]); none past
+    K."""
+    tile = q_tile0 + kt
+    return gl.load(q_ptrs + tile * 16, mask=tile < tiles_total, other=0)
+
+
 _MMA_LAUNCH = FastLaunch(_int4_mma_kernel)
+_MMA_XS_LAUNCH = FastLaunch(_int4_mma_xs_kernel)
+
+
+@functools.cache
+def _frag_words3(rows: int, num_warps: int) -> gl.DistributedLinearLayout:
+    """``_frag_words_layout`` of one K tile per warp: words [num_warps, rows, 16], warp w
+    holding [w]; of its rows, lane 4n + t holds words 4t .. 4t + 3 of rows n and n + 8 of
+    each 16, contiguous in registers."""
+    log2 = lambda v: v.bit_length() - 1  # noqa: E731
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 8, 0]]
+        + [[0, 16 << i, 0] for i in range(log2(rows // 16))],
+        lane_bases=[[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+        warp_bases=[[1 << i, 0, 0] for i in range(log2(num_warps))],
+        block_bases=[],
+        shape=[num_warps, rows, 16],
+    )
+
+
+@functools.cache
+def _x_copy_layout(block_m: int, num_warps: int) -> gl.BlockedLayout:
+    """x's tiles [num_warps, block_m, 128] for ``cp.async``: 16 bytes per thread, warp w
+    copying [w]."""
+    return gl.BlockedLayout([1, 1, 8], [1, 2, 16], [num_warps, 1, 1], [2, 1, 0])
 
 
 @functools.cache
@@ -415,6 +621,8 @@ def int4_mma(
     pdl: bool = False,
     wsplit: bool = False,
     row_tiles: int = 1,
+    x_smem: bool = False,
+    x_stages: int = 2,
     slots: bool = True,
     parts: int = 0,
 ) -> torch.Tensor:
@@ -428,9 +636,12 @@ def int4_mma(
     a power of two), ``split_k`` programs along K (reduced in global memory,
     ``split_k_output``), ``depth`` K tiles of words loaded ahead (1 or 2), ``pdl`` (sm_90+)
     launches it as a programmatic dependent that waits for the previous kernel before it
-    reads anything. ``parts`` (measurement only) leaves part of the work out: 1 the split-K
-    reduction (each split stores its partial over the others'), 2 the math as well (the
-    words are loaded and summed). Check ``int4_mma_ok`` first."""
+    reads anything. ``x_smem`` (with ``wsplit``, fragment-ordered words): each warp copies
+    its x tiles into shared memory (``cp.async``, a ring of ``x_stages`` tiles) and reads
+    the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``). ``parts``
+    (measurement only) leaves part of the work out: 1 the split-K reduction (each split
+    stores its partial over the others'), 2 the math as well (the words are loaded and
+    summed). Check ``int4_mma_ok`` first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
     if parts not in (0, 1, 2):
@@ -439,6 +650,10 @@ def int4_mma(
         raise ValueError(f"depth must be 1 or 2, got {depth}")
     if row_tiles not in (1, 2, 4):
         raise ValueError(f"row_tiles must be 1, 2 or 4, got {row_tiles}")
+    if x_smem and not (wsplit and not weight.contiguous_x and parts == 0):
+        raise ValueError("x_smem needs wsplit and fragment-ordered words (contiguous_x=False)")
+    if x_stages not in (2, 3):
+        raise ValueError(f"x_stages must be 2 or 3, got {x_stages}")
     if block_m < 8 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 8, got {block_m}")
     m, k = x.shape
@@ -465,6 +680,43 @@ def int4_mma(
     else:
         apply = 1
     group_tiles = group_tiles if apply else 1
+    if x_smem:
+        key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, num_warps,
+               x.dtype, weight.scales.dtype)  # fmt: skip
+        _MMA_XS_LAUNCH(
+            (num_tiles, num_splits),
+            key,
+            x,
+            weight.qweight,
+            weight.scales,
+            weight.offsets,
+            out,
+            ws,
+            locks,
+            m,
+            n,
+            tiles,
+            tiles_per_split,
+            tiles_per_warp,
+            num_splits,
+            x.stride(0),
+            weight.qweight.stride(0),
+            weight.scales.stride(0),
+            out.stride(0),
+            BLOCK_M=block_m,
+            GROUP_TILES=group_tiles,
+            APPLY=apply,
+            DEPTH=depth,
+            MODE=mode,
+            PDL=pdl,
+            ROW_TILES=row_tiles,
+            X_STAGES=x_stages,
+            q_layout=_frag_words3(16 * row_tiles, num_warps),
+            x_layout=_x_copy_layout(block_m, num_warps),
+            num_warps=num_warps,
+            **({"launch_pdl": True} if pdl else {}),
+        )
+        return out.to(x.dtype) if mode == 1 else out
     key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
            weight.contiguous_x, num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
     _MMA_LAUNCH(
