@@ -796,7 +796,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
         rows_per_warp = cfg.block_n if cfg.wsplit else cfg.block_n // cfg.num_warps
         return int4_mma(
             x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
-            wsplit=cfg.wsplit, row_tiles=rows_per_warp // 16,
+            wsplit=cfg.wsplit, row_tiles=rows_per_warp // 16, x_smem=cfg.x_smem,
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
     if weight.frag:

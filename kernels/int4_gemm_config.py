@@ -59,8 +59,10 @@ class Int4GemmConfig:
     mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``block_n`` weight
     rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
     with ``wsplit`` the same ``block_n`` rows over ``num_warps`` K ranges summed in shared
-    memory; ``num_stages`` K tiles of words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as
-    elsewhere; where it does not apply, the swapped wgmma kernel runs instead.
+    memory, and with ``x_smem`` as well each warp copying its tiles of x into shared memory
+    for ``ldmatrix`` (two tiles in its ring); ``num_stages`` K tiles of words loaded ahead (1
+    or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not apply, the swapped wgmma
+    kernel runs instead.
     """
 
     strategy: str
@@ -83,6 +85,7 @@ class Int4GemmConfig:
     specialized: bool = False
     pipe: bool = False
     wsplit: bool = False
+    x_smem: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -98,6 +101,8 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
         if self.wsplit and self.strategy != "mma":
             raise ValueError("wsplit applies to the mma strategy only")
+        if self.x_smem and not self.wsplit:
+            raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
         if self.strategy == "mma" and self.num_stages not in (1, 2):
             raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
         if self.strategy == "mma" and self.block_n not in (
@@ -226,29 +231,36 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
 
 def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     """Small M on a fragment-ordered weight with N <= 8192: the register mma kernel where it
-    led the swapped kernel on the H200, else None. 8 rows of x per program, whose warps
-    split K (no split-K across programs), one tile ahead, launched as a programmatic
-    dependent; 16 weight rows per program at M <= 2, and 32 (two row tiles per warp, which
-    share x's fragments) at M = 3-8 on o_proj-sized weights (N <= 4096, K < 8192) and at
-    M = 3-4 on qkv-sized ones (K < 8192); 16 warps while the programs fit in one wave at
-    that size (two per multiprocessor with 16 rows, one with 32), else 8.
+    led the swapped kernel on the H200, else None. Its warps split K (``wsplit``), launched
+    as a programmatic dependent, 8 rows of x per program (16 above M = 8):
+    - M <= 2 on o_proj- and down_proj-sized weights (N <= 4096 or K >= 8192): x's fragments
+      loaded in place, 16 weight rows per program, one tile ahead, no split-K, 16 warps
+      while two programs per multiprocessor hold every row (N <= 4096 on the H200), else 8;
+    - otherwise x through shared memory (``x_smem``), 8 warps: qkv-sized weights (K < 8192,
+      N > 4096) up to M = 8 with 16 rows per program; o_proj-sized ones (N <= 4096, K < 8192)
+      at M = 3-8 with 32 rows (two row tiles per warp) and two tiles of words ahead, and at
+      M = 9-16 with 16 rows; down_proj-sized ones (K >= 8192) at M = 3-8 with 32 rows, two
+      tiles ahead, split-K 2.
 
-    Measured (BENCHMARKS.md, "INT4 GEMM", thirteenth session of 2026-11-30, ``bench_int4_mma.py
-    --frag --row-tiles 1,2,4 --launch pdl``, us against the swapped kernel): 4096 x 4096 at
-    M = 4 / 8: 6.6 / 7.3 against 7.2 (one row tile) / 8.5; 4096 x 6144 at M = 4: 8.9 against
-    10.0, at M = 8 10.1 against 10.0 (so not routed); 14336 x 4096 ties or loses from M = 4,
-    and every shape from M = 16 (10.6-41.7 against 9.6-25.0). M <= 2 as chosen in the
-    twelfth session (one row tile was as fast as two there in this run)."""
+    Measured (BENCHMARKS.md, "INT4 GEMM", thirteenth session of 2026-11-30,
+    ``bench_int4_mma.py --frag [--x-smem] --row-tiles 1,2,4 --launch pdl``, us, against the
+    table before): 4096 x 4096 at M = 8 / 16: 6.3 / 7.4 against 7.4 / 9.7; 4096 x 6144 at
+    M = 1 / 8: 7.7 / 7.7 against 8.1 / 10.0 (16: 12.2 against 11.1, not routed); 14336 x
+    4096 at M = 8: 15.3 against 16.4 (1: 15.3 against 14.0, 16: 21.4 against 18.2)."""
     if n > 8192:
         return None
-    if m <= 2:
-        rows, waves = 16, 2 * _ONE_WAVE
-    elif k < 8192 and (m <= 4 or (m <= 8 and n <= 4096)):
-        rows, waves = 32, _ONE_WAVE
-    else:
-        return None
-    warps = 16 if -(-n // rows) <= waves else 8
-    return Int4GemmConfig("mma", 8, rows, 128, 1, warps, 1, pdl=True, wsplit=True)
+    long_k, narrow = k >= 8192, n <= 4096
+    if m <= 2 and (narrow or long_k):
+        warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
+        return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
+    smem = dict(pdl=True, wsplit=True, x_smem=True)
+    if m <= 8 and not long_k and not narrow:
+        return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, **smem)
+    if m <= 8:
+        return Int4GemmConfig("mma", 8, 32, 128, 2 if long_k else 1, 8, 2, **smem)
+    if m <= 16 and narrow and not long_k:
+        return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
+    return None
 
 
 def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:

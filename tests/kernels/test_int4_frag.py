@@ -73,8 +73,9 @@ def test_dequantizers(group_size):
 
 def test_int4_gemm_routes_fragment_order():
     """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
-    gives such weights the swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on
-    narrow weights) or dequantize only."""
+    gives such weights the register mma kernel (small M on N <= 8192), the swapped wgmma
+    kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow weights) or dequantize
+    only."""
     w = random_weight(48, 256, 128, seed=13, perm=True).to_frag()
     for m in (1, 7, 300):
         x = torch.randn(m, 256, device=DEVICE)
@@ -83,7 +84,7 @@ def test_int4_gemm_routes_fragment_order():
     for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
         for n in (4096, 28672):
             cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
-            if m <= 2 and n <= 8192:  # the register mma kernel, warps over K
+            if n <= 8192 and m <= 16:  # the register mma kernel, warps over K
                 assert cfg.strategy == "mma" and cfg.wsplit and cfg.split_k == 1, cfg
                 continue
             assert cfg.strategy == "dequant" if m > 256 else cfg.swap, (m, n, cfg)

@@ -181,23 +181,31 @@ def test_to_mma_from_fragment_order():
 @cuda
 @pytest.mark.gpu
 def test_table_runs_fragment_order_on_mma_at_small_m():
-    """``int4_gemm``'s table sends M = 1, 2 on a fragment-ordered weight with N <= 8192 to the
-    register mma kernel (reading the words in place, x in 4-byte pairs), and M = 3-8 with
-    two row tiles per warp on N <= 4096 (M = 3-4 on N <= 8192) where K < 8192; eagerly, from
-    a CUDA graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
+    """``int4_gemm``'s table sends small M on a fragment-ordered weight with N <= 8192 to the
+    register mma kernel (reading the words in place): on o_proj-sized weights x's fragments
+    loaded in place at M <= 2, then x through shared memory with two row tiles per warp at
+    M = 3-8 and one at M = 9-16; qkv-sized ones through shared memory up to M = 8, down_proj-
+    sized ones in place at M <= 2 and through shared memory at 3-8. Eagerly, from a CUDA
+    graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
     cuda = torch.device("cuda")
-    for m in (1, 2, 3, 4, 8):
+    for m, rows, x_smem in [(1, 16, False), (2, 16, False), (3, 32, True), (4, 32, True),
+                            (8, 32, True), (9, 16, True), (16, 16, True)]:  # fmt: skip
         cfg = choose_config(m, 2056, 1024, 128, cuda, frag=True)
-        assert cfg.strategy == "mma" and cfg.block_n == (16 if m <= 2 else 32), (m, cfg)
+        assert cfg.strategy == "mma" and (cfg.block_n, cfg.x_smem) == (rows, x_smem), (m, cfg)
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, f"M={m}")
-    for m, n, k, mma in [(4, 6144, 4096, True), (8, 6144, 4096, False), (9, 2056, 1024, False),
-                         (2, 4096, 14336, True), (4, 4096, 14336, False),
+    for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (9, 6144, 4096, False),
+                         (17, 2056, 1024, False), (2, 4096, 14336, True),
+                         (8, 4096, 14336, True), (9, 4096, 14336, False),
                          (1, 28672, 4096, False)]:  # fmt: skip
         assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
-    assert choose_config(9, 2056, 1024, 128, cuda, frag=True).swap
+    ref_k = random_weight(520, 8192, 128, seed=24)  # K >= 8192: split-K 2 through smem at M = 5
+    assert choose_config(5, 520, 8192, 128, cuda, frag=True).split_k == 2
+    x = torch.randn(5, 8192, device="cuda", dtype=torch.bfloat16)
+    assert_close(int4_gemm(x, ref_k.to_frag()), int4_gemm_ref(x, ref_k), torch.bfloat16, "K=8192")
+    assert choose_config(17, 2056, 1024, 128, cuda, frag=True).swap
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -242,4 +250,6 @@ def test_config_checks():
         Int4GemmConfig("mma", block_n=128, num_stages=1, wsplit=True)
     with pytest.raises(ValueError, match="times num_warps"):
         Int4GemmConfig("mma", block_n=32, num_warps=4, num_stages=1)
+    with pytest.raises(ValueError, match="x_smem"):
+        Int4GemmConfig("mma", num_stages=1, x_smem=True)
     Int4GemmConfig("mma", block_n=64, num_warps=2, num_stages=1)  # 2 warps of 32 rows
