@@ -44,16 +44,19 @@ def candidates(
     row_tiles: tuple[int, ...] = (1,),
     pdl=(False, True),
     x_smem: bool = False,
+    warps: tuple[int, ...] = (8, 16),
+    x_stages: tuple[int, ...] = (2, 3),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
     of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
-    split-K 1 or 2."""
+    split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them,
+    ``x_stages`` tiles in its ring, 32 rows of x per program as well from M = 32."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
         return [
             dict(
-                block_m=block_m,
+                block_m=bm,
                 num_warps=w,
                 split_k=s,
                 depth=d,
@@ -63,13 +66,14 @@ def candidates(
                 x_smem=True,
                 x_stages=xs,
             )  # fmt: skip
-            for w in (8, 16)
+            for bm in ((block_m, 32) if m >= 32 else (block_m,))
+            for w in warps
             for s in (1, 2)
             for d in (1, 2)
             for p in pdl
             for r in row_tiles
-            for xs in (2, 3)
-            if w * r <= 32
+            for xs in x_stages
+            if w * r <= 32 and xs * w * bm * 256 + w * r * bm * 64 <= 200 * 1024  # smem
         ]
     if short:
         shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
@@ -95,6 +99,8 @@ def run_shape(
     row_tiles=(1,),
     pdl=(False, True),
     x_smem: bool = False,
+    warps: tuple[int, ...] = (8, 16),
+    x_stages: tuple[int, ...] = (2, 3),
 ) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
@@ -109,7 +115,7 @@ def run_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, short=frag, row_tiles=row_tiles, pdl=pdl, x_smem=x_smem)
+        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages)
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -169,8 +175,11 @@ def main() -> None:
     parser.add_argument("--row-tiles", default="1", help="16-row tiles per warp to try: 1,2,4")
     parser.add_argument("--launch", choices=("both", "plain", "pdl"), default="both")
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
+    parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
+    parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
     args = parser.parse_args()
-    row_tiles = tuple(int(r) for r in args.row_tiles.split(","))
+    ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
+    row_tiles = ints(args.row_tiles)
     pdl = {"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -180,7 +189,8 @@ def main() -> None:
         return
     summary = []
     for k, n in tqdm(shapes, desc="shapes"):
-        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem)
+        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem,
+                             ints(args.warps), ints(args.x_stages))  # fmt: skip
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
@@ -188,7 +198,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for k, n, m, tb, tt, tm, worst, cfg in summary:
-        c = f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
+        c = f"{cfg['block_m']} x rows, " if cfg["block_m"] != (8 if m <= 8 else 16) else ""
+        c += f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
         c += f"{cfg['row_tiles']} row tiles, " if cfg["row_tiles"] > 1 else ""
         c += f"x in smem ({cfg['x_stages']} stages), " if cfg.get("x_smem") else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"

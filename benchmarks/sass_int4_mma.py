@@ -8,8 +8,9 @@ device's Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6
 ``PYTHONPATH=/tmp/t36:. python benchmarks/sass_int4_mma.py``.
 
 Configs: the table's M = 1 form (8 x rows, 16 warps over K, one tile ahead, one split) and an
-M = 16 form (16 x rows, 8 warps over K, two tiles ahead, split-K in slots), bf16, groups of
-128.
+M = 16 form (16 x rows, 8 warps over K, two tiles ahead, split-K in slots), each with one and
+two row tiles per warp, and the table's forms with x through shared memory
+(``_int4_mma_xs_kernel``); bf16, groups of 128.
 """
 
 from __future__ import annotations
@@ -51,17 +52,44 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
                         GluonASTSource)  # fmt: skip
 
 
+def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int) -> bytes:
+    """The sm_90 cubin of ``_int4_mma_xs_kernel`` (x through shared memory, two ring stages)."""
+    signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
+                 "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
+                 **dict.fromkeys(INTS, "i32")}  # fmt: skip
+    constexprs = {
+        "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
+        "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2,
+        "q_layout": K._frag_words3(16 * row_tiles, warps),
+        "x_layout": K._x_copy_layout(block_m, warps), "num_warps": warps,
+    }  # fmt: skip
+    return compile_sm90(K._int4_mma_xs_kernel, signature, constexprs, ALIGNED, warps, 1,
+                        GluonASTSource)  # fmt: skip
+
+
+def report(name: str, cubin: bytes, row_tiles: int) -> None:
+    ops = main_loop(cubin, op="HMMA", largest=True)
+    usage = cuobjdump(cubin, "-res-usage")
+    regs = re.search(r"REG:(\d+)", usage).group(1)
+    stack = re.search(r"STACK:(\d+)", usage).group(1)
+    top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
+    print(f"{name}: {len(ops)} instructions per K tile ({len(ops) / row_tiles:.0f} per 16 "
+          f"rows), {regs} registers, {stack} bytes of stack ({top})")  # fmt: skip
+
+
 def main() -> None:
     for name, (block_m, warps, depth, mode) in {"M = 1": (8, 16, 1, 0),
                                                  "M = 16": (16, 8, 2, 3)}.items():  # fmt: skip
         for contiguous_x in (False, True):
-            cubin = compile_mma(block_m, warps, depth, mode, contiguous_x)
-            ops = main_loop(cubin, op="HMMA", largest=True)
-            regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
-            top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
-            order = "mma_order" if contiguous_x else "fragment order"
-            print(f"{name}, {order}: {len(ops)} instructions per K tile, {regs} registers"
-                  f" ({top})")  # fmt: skip
+            for row_tiles in (1, 2):
+                cubin = compile_mma(block_m, warps, depth, mode, contiguous_x, row_tiles)
+                order = "mma_order" if contiguous_x else "fragment order"
+                report(f"{name}, {order}, {row_tiles} row tile(s)", cubin, row_tiles)
+    # the table's x_smem forms (``int4_gemm_config._mma_config``)
+    for name, cfg in {"qkv, M <= 8": (8, 8, 1, 0, 1), "o_proj, M = 3-8": (8, 8, 2, 0, 2),
+                      "down_proj, M = 3-8": (8, 8, 2, 3, 2),
+                      "o_proj, M = 9-16": (16, 8, 1, 0, 1)}.items():  # fmt: skip
+        report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
 
 
 if __name__ == "__main__":
