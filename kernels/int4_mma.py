@@ -469,7 +469,10 @@ def _int4_mma_xs_kernel(
             q1 = q2
         else:
             q0 = q1
+    # every thread's last copies (the ring's final, redundant ones) have landed before any
+    # thread writes the reduction buffer, which may reuse the ring's shared memory
     async_copy.wait_group(0)
+    gl.thread_barrier()
     if APPLY == 0:  # per channel
         ok = s_rows_ok & (sw >= 0)[:, None]
         s = gl.load(s_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
