@@ -683,78 +683,27 @@ def int4_mma(
     else:
         apply = 1
     group_tiles = group_tiles if apply else 1
+    args = (x, weight.qweight, weight.scales, weight.offsets, out, ws, locks, m, n, tiles,
+            tiles_per_split, tiles_per_warp, num_splits, x.stride(0), weight.qweight.stride(0),
+            weight.scales.stride(0), out.stride(0))  # fmt: skip
+    common = dict(BLOCK_M=block_m, GROUP_TILES=group_tiles, APPLY=apply, DEPTH=depth, MODE=mode,
+                  PDL=pdl, ROW_TILES=row_tiles, num_warps=num_warps)  # fmt: skip
+    if pdl:
+        common["launch_pdl"] = True
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, num_warps,
                x.dtype, weight.scales.dtype)  # fmt: skip
         _MMA_XS_LAUNCH(
-            (num_tiles, num_splits),
-            key,
-            x,
-            weight.qweight,
-            weight.scales,
-            weight.offsets,
-            out,
-            ws,
-            locks,
-            m,
-            n,
-            tiles,
-            tiles_per_split,
-            tiles_per_warp,
-            num_splits,
-            x.stride(0),
-            weight.qweight.stride(0),
-            weight.scales.stride(0),
-            out.stride(0),
-            BLOCK_M=block_m,
-            GROUP_TILES=group_tiles,
-            APPLY=apply,
-            DEPTH=depth,
-            MODE=mode,
-            PDL=pdl,
-            ROW_TILES=row_tiles,
-            X_STAGES=x_stages,
+            (num_tiles, num_splits), key, *args, X_STAGES=x_stages,
             q_layout=_frag_words3(16 * row_tiles, num_warps),
-            x_layout=_x_copy_layout(block_m, num_warps),
-            num_warps=num_warps,
-            **({"launch_pdl": True} if pdl else {}),
-        )
-        return out.to(x.dtype) if mode == 1 else out
-    key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
-           weight.contiguous_x, num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
-    _MMA_LAUNCH(
-        (num_tiles, num_splits),
-        key,
-        x,
-        weight.qweight,
-        weight.scales,
-        weight.offsets,
-        out,
-        ws,
-        locks,
-        m,
-        n,
-        tiles,
-        tiles_per_split,
-        tiles_per_warp,
-        num_splits,
-        x.stride(0),
-        weight.qweight.stride(0),
-        weight.scales.stride(0),
-        out.stride(0),
-        BLOCK_M=block_m,
-        GROUP_TILES=group_tiles,
-        APPLY=apply,
-        DEPTH=depth,
-        MODE=mode,
-        PDL=pdl,
-        WSPLIT=wsplit,
-        ROW_TILES=row_tiles,
-        X_CONTIG=weight.contiguous_x,
-        q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
-        x_layout=_x_tile_layout(block_m, num_warps),
-        num_warps=num_warps,
-        PARTS=parts,
-        **({"launch_pdl": True} if pdl else {}),
-    )
+            x_layout=_x_copy_layout(block_m, num_warps), **common,
+        )  # fmt: skip
+    else:
+        key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
+               weight.contiguous_x, num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
+        _MMA_LAUNCH(
+            (num_tiles, num_splits), key, *args, WSPLIT=wsplit, X_CONTIG=weight.contiguous_x,
+            q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
+            x_layout=_x_tile_layout(block_m, num_warps), PARTS=parts, **common,
+        )  # fmt: skip
     return out.to(x.dtype) if mode == 1 else out
