@@ -160,6 +160,47 @@ def _tile_product(q, x_ptrs, x_mask, kt, part, xsum, ones, a_layout: gl.constexp
 
 
 @gluon.jit
+def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+                  PDL: gl.constexpr):  # fmt: skip
+    """(pid, pid_k, off_n, off_m, first K tile) of this program: ROWS weight rows by BLOCK_M
+    rows of x, weight rows fastest, over split pid_k. With PDL the next kernel may launch at
+    once, and nothing is read before this one's inputs are written."""
+    pid = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    num_pid_n = gl.cdiv(N, ROWS)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    return (
+        pid,
+        pid_k,
+        (pid % num_pid_n) * ROWS,
+        (pid // num_pid_n) * BLOCK_M,
+        pid_k * tiles_per_split,
+    )
+
+
+@gluon.jit
+def _sum_over_warps(acc, LEAD: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
+    """The warps' partials in acc (warp w's rows in one contiguous run per LEAD index, w the
+    middle index of [LEAD, num_warps, rest]) summed through shared memory -> [ROWS, BLOCK_M].
+    Each warp stores its rows contiguously and each thread adds one output's num_warps values
+    (``gl.sum`` over the accumulator itself had the compiler store rows 64 bytes apart, 16-way
+    bank conflicts that made the whole kernel 3x slower at 16 warps)."""
+    BLOCK_M: gl.constexpr = acc.shape[len(acc.shape) - 1]
+    RANK: gl.constexpr = len(acc.shape)
+    order: gl.constexpr = [1, 0] if RANK == 2 else [2, 1, 0]
+    red = gl.allocate_shared_memory(gl.float32, acc.shape, gl.SwizzledSharedLayout(1, 1, 1, order))
+    red.store(acc)
+    gl.thread_barrier()
+    sum_layout: gl.constexpr = gl.BlockedLayout(
+        [1, num_warps, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0]
+    )
+    parts = red.reshape([LEAD, num_warps, ROWS // LEAD * BLOCK_M]).load(sum_layout)
+    return gl.reshape(gl.sum(parts, axis=1), [ROWS, BLOCK_M])
+
+
+@gluon.jit
 def _int4_mma_kernel(
     x_ptr,
     qw_ptr,
@@ -210,15 +251,7 @@ def _int4_mma_kernel(
     b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
 
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_pid_n = gl.cdiv(N, ROWS)
-    off_n = (pid % num_pid_n) * ROWS
-    off_m = (pid // num_pid_n) * BLOCK_M
-    if PDL:  # the next kernel may launch at once; nothing is read before this one's inputs
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    split_tile0 = pid_k * tiles_per_split
+    pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
 
     # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
@@ -291,21 +324,8 @@ def _int4_mma_kernel(
         s = gl.load(s_ptr + s_rows, mask=s_rows_ok, other=0.0).to(gl.float32)
         o = gl.load(o_ptr + s_rows, mask=s_rows_ok, other=0.0).to(gl.float32) - BIAS * s
         acc = part * s[:, None] + xsum * o[:, None]
-    if WSPLIT:
-        # The warps' K ranges summed through shared memory: each warp stores its [16, BLOCK_M]
-        # row tiles (contiguous runs), and each thread then adds one output's num_warps values.
-        # (``gl.sum`` over a reshaped accumulator had the compiler store rows 64 bytes apart,
-        # 16-way bank conflicts that made the whole kernel 3x slower at 16 warps.)
-        red = gl.allocate_shared_memory(
-            gl.float32, [TILE_ROWS, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        )
-        red.store(acc)
-        gl.thread_barrier()
-        sum_layout: gl.constexpr = gl.BlockedLayout(
-            [1, num_warps, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0]
-        )
-        parts_by_warp = red.reshape([ROW_TILES, num_warps, 16 * BLOCK_M]).load(sum_layout)
-        acc = gl.reshape(gl.sum(parts_by_warp, axis=1), [ROWS, BLOCK_M])
+    if WSPLIT:  # the warps' K ranges: row tile j of warp w is rows 16 (num_warps j + w) ..
+        acc = _sum_over_warps(acc, ROW_TILES, ROWS, num_warps)
     if PARTS != 0:  # each split stores its own partial over the others' (wrong, timing only)
         _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                        off_n, stride_out_m, 0)  # fmt: skip
@@ -385,15 +405,7 @@ def _int4_mma_xs_kernel(
     b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
     acc_rows: gl.constexpr = gl.SliceLayout(2, mma_layout)
 
-    pid = gl.program_id(0)
-    pid_k = gl.program_id(1)
-    num_pid_n = gl.cdiv(N, ROWS)
-    off_n = (pid % num_pid_n) * ROWS
-    off_m = (pid // num_pid_n) * BLOCK_M
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    split_tile0 = pid_k * tiles_per_split
+    pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
 
     # words [warp, row, word]: weight row off_n + row over warp w's K range
     qw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, q_layout)))
@@ -478,15 +490,7 @@ def _int4_mma_xs_kernel(
         s = gl.load(s_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
         o = gl.load(o_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
         acc = part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
-    # the warps' K ranges summed through shared memory, as ``_int4_mma_kernel``
-    red = gl.allocate_shared_memory(
-        gl.float32, [num_warps, ROWS, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    )
-    red.store(acc)
-    gl.thread_barrier()
-    sum_layout: gl.constexpr = gl.BlockedLayout([num_warps, 1], [1, 32], [1, num_warps], [1, 0])
-    parts_by_warp = red.reshape([num_warps, ROWS * BLOCK_M]).load(sum_layout)
-    total = gl.reshape(gl.sum(parts_by_warp, axis=0), [ROWS, BLOCK_M])
+    total = _sum_over_warps(acc, 1, ROWS, num_warps)  # [warp, row, x row]
     _swap_epilogue(total, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                    off_n, stride_out_m, MODE)  # fmt: skip
 
