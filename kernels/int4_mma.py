@@ -83,6 +83,20 @@ _CODES_PTX_F16 = gl.constexpr(_CODES_PTX.replace("MAGIC", "0x64006400"))
 
 
 @gluon.jit
+def _code_registers(q4, like, IS_BF16: gl.constexpr):
+    """Words q4 [..., 4 (b)] -> their four registers j of 16-bit floats BIAS + n (``_CODES_PTX``),
+    each [..., 4, 2 (h)] in the dtype of ``like``."""
+    return gl.inline_asm_elementwise(
+        asm=_CODES_PTX_BF16 if IS_BF16 else _CODES_PTX_F16,
+        constraints="=r,=r,=r,=r,r,r",
+        args=[gl.join(q4, q4)],
+        dtype=(like.dtype, like.dtype, like.dtype, like.dtype),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@gluon.jit
 def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     """Fragment-ordered words q [R, 16 T] (each lane holds words 4t .. 4t + 3 of every 128-K
     tile of its rows, t = lane % 4) -> the codes as BIAS + n [R, 128 T] (the dtype of ``like``,
@@ -91,23 +105,17 @@ def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     R: gl.constexpr = q.shape[0]
     T: gl.constexpr = q.shape[1] // 16
     q4 = gl.reshape(q, [R, T, 4, 4])  # [rows, tile, t, b]
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(
-        asm=_CODES_PTX_BF16 if IS_BF16 else _CODES_PTX_F16,
-        constraints="=r,=r,=r,=r,r,r",
-        args=[gl.join(q4, q4)],
-        dtype=(like.dtype, like.dtype, like.dtype, like.dtype),
-        is_pure=True,
-        pack=2,
-    )
+    p0, p1, p2, p3 = _code_registers(q4, like, IS_BF16)
     return _frag_k_order(p0, p1, p2, p3, a_layout)
 
 
 @gluon.jit
 def _load_words(row_ptrs, tile0, tiles_total, kt):
-    """The words of K tile tile0 + kt (16 per row; tile0 per row) of the rows at ``row_ptrs``
-    [R, 16] (their first word, plus the word index), in the fragment layout; none past K."""
+    """The words of K tile tile0 + kt (16 per row) of the rows at ``row_ptrs`` ([..., R, 16]:
+    their first word, plus the word index; tile0 [..., R, 1], a K tile per row), in their
+    layout; none past K."""
     tile = tile0 + kt
-    return gl.load(row_ptrs + (tile * 16)[:, None], mask=(tile < tiles_total)[:, None], other=0)
+    return gl.load(row_ptrs + tile * 16, mask=tile < tiles_total, other=0)
 
 
 @gluon.jit
@@ -256,7 +264,7 @@ def _int4_mma_kernel(
     # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
     rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT, num_warps)
-    q_tile0 = gl.where(rows < N, q_tile0, tiles_total)  # rows past N read nothing
+    q_tile0 = gl.where(rows < N, q_tile0, tiles_total)[:, None]  # rows past N read nothing
     words = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
     row_ptrs = qw_ptr + rows[:, None] * stride_qw_n + words[None, :]
     # x: every warp holds the tile; with WSPLIT each reads its own K range (``_warp_id``)
@@ -342,14 +350,7 @@ def _codes_frag3(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     W: gl.constexpr = q.shape[0]
     R: gl.constexpr = q.shape[1]
     q4 = gl.reshape(q, [W, R, 4, 4])  # [warp, rows, t, b]
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(
-        asm=_CODES_PTX_BF16 if IS_BF16 else _CODES_PTX_F16,
-        constraints="=r,=r,=r,=r,r,r",
-        args=[gl.join(q4, q4)],
-        dtype=(like.dtype, like.dtype, like.dtype, like.dtype),
-        is_pure=True,
-        pack=2,
-    )
+    p0, p1, p2, p3 = _code_registers(q4, like, IS_BF16)
     # [warp, rows, t, b, h, e, c] -> K order (b, c, e, t, h), as ``_frag_k_order``
     w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
@@ -445,14 +446,14 @@ def _int4_mma_xs_kernel(
             ring.index(stage), x_ptrs + kt * 128, mask=x_ok & (x_tile0 + kt < tiles_total)
         )
         async_copy.commit_group()
-    q0 = _load_words3(q_ptrs, q_tile0, tiles_total, 0)
+    q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0)
     if DEPTH == 2:
-        q1 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+        q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
-            q2 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+            q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
         else:
-            q1 = _load_words3(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+            q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
         async_copy.wait_group(X_STAGES - 2)  # this thread's copies of tile kt have landed
         gl.thread_barrier()  # everyone's; and everyone is done with tile kt - 1's slot
         ahead = gl.minimum(kt + X_STAGES - 1, last)
@@ -493,14 +494,6 @@ def _int4_mma_xs_kernel(
     total = _sum_over_warps(acc, 1, ROWS, num_warps)  # [warp, row, x row]
     _swap_epilogue(total, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                    off_n, stride_out_m, MODE)  # fmt: skip
-
-
-@gluon.jit
-def _load_words3(q_ptrs, q_tile0, tiles_total, kt):
-    """The words of K tile q_tile0 + kt of each warp's rows ([warp, row, word]); none past
-    K."""
-    tile = q_tile0 + kt
-    return gl.load(q_ptrs + tile * 16, mask=tile < tiles_total, other=0)
 
 
 _MMA_LAUNCH = FastLaunch(_int4_mma_kernel)
