@@ -4,7 +4,8 @@
 order, and up to M = 8 on some (``_mma_config``: the warps of a program split K, no split-K
 across programs); on the H200 that made qkv, o_proj and down_proj 1.1-1.25x faster at M = 1
 than the gemv and the swapped wgmma kernel they ran on before (BENCHMARKS.md, "INT4 GEMM",
-twelfth session), and o_proj 1.2x at M = 8 with two row tiles per warp (thirteenth).
+twelfth session); its form with x through shared memory (``_int4_mma_xs_kernel``) made qkv
+1.06-1.3x faster at M = 1-8 and o_proj 1.15-1.37x at M = 4-16 (thirteenth session).
 ``parts`` times its pieces apart (``benchmarks/bench_int4_mma.py --parts``).
 
 ``y = x @ dequant(W)^T`` for 16-bit x [M, K], M up to a few dozen, on an ``Int4MmaWeight``
@@ -261,7 +262,7 @@ def _int4_mma_kernel(
 
     pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
 
-    # words: row r of the operand is weight row off_n + r (% 16 with WSPLIT), K range r // 16
+    # words: row r of the operand and its first K tile (``_operand_rows``)
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
     rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT, num_warps)
     q_tile0 = gl.where(rows < N, q_tile0, tiles_total)[:, None]  # rows past N read nothing
