@@ -61,7 +61,7 @@ def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int) 
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
         "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2,
         "q_layout": K._frag_words3(16 * row_tiles, warps),
-        "x_layout": K._x_copy_layout(block_m, warps), "num_warps": warps,
+        "x_layout": K._x_copy_layout(warps), "num_warps": warps,
     }  # fmt: skip
     return compile_sm90(K._int4_mma_xs_kernel, signature, constexprs, ALIGNED, warps, 1,
                         GluonASTSource)  # fmt: skip

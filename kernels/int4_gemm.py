@@ -793,10 +793,9 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
         if view is None:  # the words in place; x already gathered by in_perm (act-order)
             view = Int4MmaWeight(weight.qweight, weight.scales, weight.offsets, g, False)
             weight.memo["mma",] = view
-        rows_per_warp = cfg.block_n if cfg.wsplit else cfg.block_n // cfg.num_warps
         return int4_mma(
             x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
-            wsplit=cfg.wsplit, row_tiles=rows_per_warp // 16, x_smem=cfg.x_smem,
+            wsplit=cfg.wsplit, row_tiles=cfg.row_tiles, x_smem=cfg.x_smem,
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
     if weight.frag:

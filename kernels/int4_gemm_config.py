@@ -105,8 +105,8 @@ class Int4GemmConfig:
             raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
         if self.strategy == "mma" and self.num_stages not in (1, 2):
             raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
-        if self.strategy == "mma" and self.block_n not in (
-            r * (1 if self.wsplit else self.num_warps) for r in (16, 32, 64)
+        if self.strategy == "mma" and (
+            self.block_n % self._warp_share or self.row_tiles not in (1, 2, 4)
         ):
             raise ValueError(
                 "the mma strategy gives each warp 16, 32 or 64 weight rows: block_n must be "
@@ -116,6 +116,17 @@ class Int4GemmConfig:
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:
             raise ValueError(f"pipe needs num_stages >= 3, got {self.num_stages}")
+
+    @property
+    def _warp_share(self) -> int:
+        """``mma``: the weight rows of a program per 16-row tile of one warp (16 with
+        ``wsplit``, whose warps all hold the program's rows; else 16 per warp)."""
+        return 16 if self.wsplit else 16 * self.num_warps
+
+    @property
+    def row_tiles(self) -> int:
+        """``mma``: the 16-row tiles each warp holds (``int4_mma``'s ``row_tiles``)."""
+        return self.block_n // self._warp_share
 
 
 # Where the wgmma kernel does not apply: the unswapped TMA mm kernel of the same bucket.

@@ -518,9 +518,9 @@ def _frag_words3(rows: int, num_warps: int) -> gl.DistributedLinearLayout:
 
 
 @functools.cache
-def _x_copy_layout(block_m: int, num_warps: int) -> gl.BlockedLayout:
-    """x's tiles [num_warps, block_m, 128] for ``cp.async``: 16 bytes per thread, warp w
-    copying [w]."""
+def _x_copy_layout(num_warps: int) -> gl.BlockedLayout:
+    """x's tiles [num_warps, block_m, 128] (any block_m) for ``cp.async``: 16 bytes per
+    thread, warp w copying [w]."""
     return gl.BlockedLayout([1, 1, 8], [1, 2, 16], [num_warps, 1, 1], [2, 1, 0])
 
 
@@ -694,7 +694,7 @@ def int4_mma(
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages,
             q_layout=_frag_words3(16 * row_tiles, num_warps),
-            x_layout=_x_copy_layout(block_m, num_warps), **common,
+            x_layout=_x_copy_layout(num_warps), **common,
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
