@@ -6,6 +6,8 @@ that exceed L2, median time per call).
     python3 benchmarks/bench_int4_mma.py --frag --rows 1    # fragment-ordered words in place
     python3 benchmarks/bench_int4_mma.py --frag --row-tiles 1,2,4 --launch pdl --rows 1,16
     python3 benchmarks/bench_int4_mma.py --frag --x-smem --row-tiles 1,2,4 --launch pdl
+    python3 benchmarks/bench_int4_mma.py --frag --x-smem --row-warps 1,2,4,8 --x-stages 2 \
+        --launch pdl --rows 8,16,32
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
@@ -46,14 +48,17 @@ def candidates(
     x_smem: bool = False,
     warps: tuple[int, ...] = (8, 16),
     x_stages: tuple[int, ...] = (2, 3),
+    row_warps: tuple[int, ...] = (1,),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
     of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
-    split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them,
-    ``x_stages`` tiles in its ring, 32 rows of x per program as well from M = 32."""
+    split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them
+    in K groups of each of ``row_warps`` warps over rows, ``x_stages`` tiles in its ring, 32
+    rows of x per program as well from M = 32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
+        sizes = (block_m,) + ((32,) if m >= 32 else ()) + ((64,) if m >= 64 else ())
         return [
             dict(
                 block_m=bm,
@@ -65,15 +70,21 @@ def candidates(
                 row_tiles=r,
                 x_smem=True,
                 x_stages=xs,
+                row_warps=rw,
             )  # fmt: skip
-            for bm in ((block_m, 32) if m >= 32 else (block_m,))
+            for bm in sizes
             for w in warps
             for s in (1, 2)
             for d in (1, 2)
             for p in pdl
             for r in row_tiles
             for xs in x_stages
-            if w * r <= 32 and xs * w * bm * 256 + w * r * bm * 64 <= 200 * 1024  # smem
+            for rw in row_warps
+            if w * r <= 32
+            and xs * w * bm * 256 // rw + w * r * bm * 64 <= 200 * 1024  # smem
+            and w % rw == 0
+            and 2 * rw <= bm
+            and (bm < 64 or w * r <= 8)
         ]
     if short:
         shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
@@ -101,6 +112,7 @@ def run_shape(
     x_smem: bool = False,
     warps: tuple[int, ...] = (8, 16),
     x_stages: tuple[int, ...] = (2, 3),
+    row_warps: tuple[int, ...] = (1,),
 ) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
@@ -115,7 +127,7 @@ def run_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages)
+        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages, row_warps)
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -129,6 +141,9 @@ def run_shape(
         if len(row_tiles) > 1:
             best = {r: min(t for t, _, c in results if c["row_tiles"] == r) for r in row_tiles}
             print("  best per row tiles: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
+        if len(row_warps) > 1:
+            best = {r: min(t for t, _, c in results if c["row_warps"] == r) for r in row_warps}
+            print("  best per row warps: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         worst = max(r[1] for r in results)
         summary.append((k, n, m, t_bf16, t_table, results[0][0], worst, results[0][2]))
     return summary
@@ -177,6 +192,7 @@ def main() -> None:
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
     parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
+    parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     row_tiles = ints(args.row_tiles)
@@ -190,7 +206,8 @@ def main() -> None:
     summary = []
     for k, n in tqdm(shapes, desc="shapes"):
         summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem,
-                             ints(args.warps), ints(args.x_stages))  # fmt: skip
+                             ints(args.warps), ints(args.x_stages),
+                             ints(args.row_warps))  # fmt: skip
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
@@ -202,6 +219,7 @@ def main() -> None:
         c += f"{cfg['num_warps']} warps{' over K' if cfg['wsplit'] else ''}, "
         c += f"{cfg['row_tiles']} row tiles, " if cfg["row_tiles"] > 1 else ""
         c += f"x in smem ({cfg['x_stages']} stages), " if cfg.get("x_smem") else ""
+        c += f"{cfg['row_warps']} row warps, " if cfg.get("row_warps", 1) > 1 else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "

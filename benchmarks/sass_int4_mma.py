@@ -52,16 +52,17 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
                         GluonASTSource)  # fmt: skip
 
 
-def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int) -> bytes:
+def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int,
+               row_warps: int = 1) -> bytes:  # fmt: skip
     """The sm_90 cubin of ``_int4_mma_xs_kernel`` (x through shared memory, two ring stages)."""
     signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
                  "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
                  **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
-        "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2,
-        "q_layout": K._frag_words3(16 * row_tiles, warps),
-        "x_layout": K._x_copy_layout(warps), "num_warps": warps,
+        "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2, "ROW_WARPS": row_warps,
+        "q_layout": K._frag_words3(16 * row_tiles * row_warps, warps, row_warps),
+        "x_layout": K._x_copy_layout(warps, row_warps), "num_warps": warps,
     }  # fmt: skip
     return compile_sm90(K._int4_mma_xs_kernel, signature, constexprs, ALIGNED, warps, 1,
                         GluonASTSource)  # fmt: skip
@@ -89,6 +90,11 @@ def main() -> None:
     for name, cfg in {"qkv, M <= 8": (8, 8, 1, 0, 1), "o_proj, M = 3-8": (8, 8, 2, 0, 2),
                       "down_proj, M = 3-8": (8, 8, 2, 3, 2),
                       "o_proj, M = 9-16": (16, 8, 1, 0, 1)}.items():  # fmt: skip
+        report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
+    # K groups of 2 and 4 warps over rows that share one copy of x's tiles
+    for name, cfg in {"M = 16, 2 row warps": (16, 8, 1, 0, 1, 2),
+                      "M = 16, 4 row warps": (16, 8, 1, 0, 1, 4),
+                      "M = 32, 4 row warps": (32, 8, 1, 0, 1, 4)}.items():  # fmt: skip
         report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
 
 

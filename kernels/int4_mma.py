@@ -190,12 +190,14 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
-def _sum_over_warps(acc, LEAD: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
-    """The warps' partials in acc (warp w's rows in one contiguous run per LEAD index, w the
-    middle index of [LEAD, num_warps, rest]) summed through shared memory -> [ROWS, BLOCK_M].
-    Each warp stores its rows contiguously and each thread adds one output's num_warps values
-    (``gl.sum`` over the accumulator itself had the compiler store rows 64 bytes apart, 16-way
-    bank conflicts that made the whole kernel 3x slower at 16 warps)."""
+def _sum_over_warps(acc, LEAD: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr,
+                    PARTS: gl.constexpr):  # fmt: skip
+    """The PARTS partials in acc (partial p's rows in one contiguous run per LEAD index, p the
+    middle index of [LEAD, PARTS, rest]; a warp's or, with row warps, a K group's) summed
+    through shared memory -> [ROWS, BLOCK_M]. Each warp stores its rows contiguously and each
+    of the num_warps warps' threads adds one output's PARTS values (``gl.sum`` over the
+    accumulator itself had the compiler store rows 64 bytes apart, 16-way bank conflicts that
+    made the whole kernel 3x slower at 16 warps)."""
     BLOCK_M: gl.constexpr = acc.shape[len(acc.shape) - 1]
     RANK: gl.constexpr = len(acc.shape)
     order: gl.constexpr = [1, 0] if RANK == 2 else [2, 1, 0]
@@ -203,9 +205,9 @@ def _sum_over_warps(acc, LEAD: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.c
     red.store(acc)
     gl.thread_barrier()
     sum_layout: gl.constexpr = gl.BlockedLayout(
-        [1, num_warps, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0]
+        [1, PARTS, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0]
     )
-    parts = red.reshape([LEAD, num_warps, ROWS // LEAD * BLOCK_M]).load(sum_layout)
+    parts = red.reshape([LEAD, PARTS, ROWS // LEAD * BLOCK_M]).load(sum_layout)
     return gl.reshape(gl.sum(parts, axis=1), [ROWS, BLOCK_M])
 
 
@@ -334,7 +336,7 @@ def _int4_mma_kernel(
         o = gl.load(o_ptr + s_rows, mask=s_rows_ok, other=0.0).to(gl.float32) - BIAS * s
         acc = part * s[:, None] + xsum * o[:, None]
     if WSPLIT:  # the warps' K ranges: row tile j of warp w is rows 16 (num_warps j + w) ..
-        acc = _sum_over_warps(acc, ROW_TILES, ROWS, num_warps)
+        acc = _sum_over_warps(acc, ROW_TILES, ROWS, num_warps, num_warps)
     if PARTS != 0:  # each split stores its own partial over the others' (wrong, timing only)
         _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                        off_n, stride_out_m, 0)  # fmt: skip
@@ -386,8 +388,9 @@ def _int4_mma_xs_kernel(
     PDL: gl.constexpr,
     ROW_TILES: gl.constexpr,
     X_STAGES: gl.constexpr,  # x tiles in the shared ring (2: one ahead, 3: two ahead)
-    q_layout: gl.constexpr,  # of the words [num_warps, 16 ROW_TILES, 16] (``_frag_words3``)
-    x_layout: gl.constexpr,  # of x's copy [num_warps, BLOCK_M, 128], 16 bytes per thread
+    ROW_WARPS: gl.constexpr,  # warps over rows that share each K group's x tiles
+    q_layout: gl.constexpr,  # of the words [K groups, ROWS, 16] (``_frag_words3``)
+    x_layout: gl.constexpr,  # of x's copy [K groups, BLOCK_M, 128], 16 bytes per thread
     num_warps: gl.constexpr,
 ):
     """The warps-over-K form (``wsplit``) of ``_int4_mma_kernel`` as a batched mma whose batch
@@ -395,13 +398,19 @@ def _int4_mma_xs_kernel(
     tiles of that range, which it copies into shared memory with ``cp.async`` (16 bytes per
     thread) and reads back with ``ldmatrix``; x's fragments in place took 16-32 four-byte
     loads per thread and tile, each touching 8 rows. One CTA barrier per tile publishes the
-    copies (and frees the ring slot the next copy overwrites)."""
-    ROWS: gl.constexpr = 16 * ROW_TILES
+    copies (and frees the ring slot the next copy overwrites).
+
+    With ROW_WARPS > 1 the batch is a K group of ROW_WARPS warps instead of one warp: the
+    group's warps hold different rows (16 ROW_TILES each) over the same K range and read the
+    same x tiles from the ring, which the group copies once, so the program covers
+    16 ROW_TILES ROW_WARPS rows and reads x from L2 once for all of them."""
+    K_WARPS: gl.constexpr = num_warps // ROW_WARPS
+    ROWS: gl.constexpr = 16 * ROW_TILES * ROW_WARPS
     IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     BIAS: gl.constexpr = 128.0 if IS_BF16 else 1024.0
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[2, 0], warps_per_cta=[num_warps, 1, 1], instr_shape=[1, 16, 8]
+        version=[2, 0], warps_per_cta=[K_WARPS, ROW_WARPS, 1], instr_shape=[1, 16, 8]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
@@ -409,33 +418,33 @@ def _int4_mma_xs_kernel(
 
     pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
 
-    # words [warp, row, word]: weight row off_n + row over warp w's K range
-    qw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, q_layout)))
+    # words [K group, row, word]: weight row off_n + row over group w's K range
+    qw = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, q_layout)))
     qr = off_n + gl.arange(0, ROWS, layout=gl.SliceLayout(0, gl.SliceLayout(2, q_layout)))
     qi = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, q_layout)))
     q_tile0 = split_tile0 + qw * tiles_per_warp
     q_tile0 = gl.where((qr < N)[None, :], q_tile0[:, None], tiles_total)[:, :, None]
     q_ptrs = qw_ptr + (qr * stride_qw_n)[None, :, None] + qi[None, None, :]
-    # x's copies [warp, x row, column of the tile]
-    xw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
+    # x's copies [K group, x row, column of the tile]
+    xw = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
     xm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
     xk = gl.arange(0, 128, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_layout)))
     x_tile0 = (split_tile0 + xw * tiles_per_warp)[:, None, None]
     x_ptrs = x_ptr + (xm * stride_x_m)[None, :, None] + xk[None, None, :] + x_tile0 * 128
     x_ok = (xm < M)[None, :, None] & (xk < 128)[None, None, :]
-    # scales and offsets [warp, row]
-    sw = gl.arange(0, num_warps, layout=gl.SliceLayout(1, acc_rows))
+    # scales and offsets [K group, row]
+    sw = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, acc_rows))
     sr = off_n + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc_rows))
     s_tile0 = (split_tile0 + sw * tiles_per_warp)[:, None]
     s_rows_ok = (sr < N)[None, :]
 
     ring = gl.allocate_shared_memory(
         dtype,
-        [X_STAGES, num_warps, BLOCK_M, 128],
+        [X_STAGES, K_WARPS, BLOCK_M, 128],
         gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]),
     )
-    ones = gl.full([num_warps, ROWS, 128], 1.0, dtype, layout=a_layout)
-    zeros = gl.zeros([num_warps, ROWS, BLOCK_M], gl.float32, layout=mma_layout)
+    ones = gl.full([K_WARPS, ROWS, 128], 1.0, dtype, layout=a_layout)
+    zeros = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma_layout)
     acc = zeros
     part = zeros
     xsum = zeros
@@ -492,7 +501,7 @@ def _int4_mma_xs_kernel(
         s = gl.load(s_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
         o = gl.load(o_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
         acc = part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
-    total = _sum_over_warps(acc, 1, ROWS, num_warps)  # [warp, row, x row]
+    total = _sum_over_warps(acc, 1, ROWS, num_warps, K_WARPS)  # [K group, row, x row]
     _swap_epilogue(total, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m,
                    off_n, stride_out_m, MODE)  # fmt: skip
 
@@ -502,26 +511,29 @@ _MMA_XS_LAUNCH = FastLaunch(_int4_mma_xs_kernel)
 
 
 @functools.cache
-def _frag_words3(rows: int, num_warps: int) -> gl.DistributedLinearLayout:
-    """``_frag_words_layout`` of one K tile per warp: words [num_warps, rows, 16], warp w
-    holding [w]; of its rows, lane 4n + t holds words 4t .. 4t + 3 of rows n and n + 8 of
-    each 16, contiguous in registers."""
+def _frag_words3(rows: int, num_warps: int, row_warps: int = 1) -> gl.DistributedLinearLayout:
+    """``_frag_words_layout`` of one K tile per K group of ``row_warps`` warps: words
+    [num_warps // row_warps, rows, 16], group g holding [g], its warp r rows 16 r .. 16 r + 15
+    of every 16 row_warps (the mma layout's order: warps over rows first); of its rows, lane
+    4n + t holds words 4t .. 4t + 3 of rows n and n + 8, contiguous in registers."""
     log2 = lambda v: v.bit_length() - 1  # noqa: E731
     return gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [0, 0, 2], [0, 8, 0]]
-        + [[0, 16 << i, 0] for i in range(log2(rows // 16))],
+        + [[0, (16 * row_warps) << i, 0] for i in range(log2(rows // (16 * row_warps)))],
         lane_bases=[[0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
-        warp_bases=[[1 << i, 0, 0] for i in range(log2(num_warps))],
+        warp_bases=[[0, 16 << i, 0] for i in range(log2(row_warps))]
+        + [[1 << i, 0, 0] for i in range(log2(num_warps // row_warps))],
         block_bases=[],
-        shape=[num_warps, rows, 16],
+        shape=[num_warps // row_warps, rows, 16],
     )
 
 
 @functools.cache
-def _x_copy_layout(num_warps: int) -> gl.BlockedLayout:
-    """x's tiles [num_warps, block_m, 128] (any block_m) for ``cp.async``: 16 bytes per
-    thread, warp w copying [w]."""
-    return gl.BlockedLayout([1, 1, 8], [1, 2, 16], [num_warps, 1, 1], [2, 1, 0])
+def _x_copy_layout(num_warps: int, row_warps: int = 1) -> gl.BlockedLayout:
+    """x's tiles [num_warps // row_warps, block_m, 128] (block_m >= 2 row_warps) for
+    ``cp.async``: 16 bytes per thread, K group g's warps copying [g], each its own rows."""
+    warps = [num_warps // row_warps, row_warps, 1]
+    return gl.BlockedLayout([1, 1, 8], [1, 2, 16], warps, [2, 1, 0])
 
 
 @functools.cache
@@ -624,6 +636,7 @@ def int4_mma(
     row_tiles: int = 1,
     x_smem: bool = False,
     x_stages: int = 2,
+    row_warps: int = 1,
     slots: bool = True,
     parts: int = 0,
 ) -> torch.Tensor:
@@ -639,7 +652,10 @@ def int4_mma(
     launches it as a programmatic dependent that waits for the previous kernel before it
     reads anything. ``x_smem`` (with ``wsplit``, fragment-ordered words): each warp copies
     its x tiles into shared memory (``cp.async``, a ring of ``x_stages`` tiles) and reads
-    the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``). ``parts``
+    the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``); ``row_warps`` (with
+    ``x_smem``, dividing ``num_warps``, at most ``block_m // 2``) groups the warps: each group
+    of ``row_warps`` warps holds ``row_warps`` times the rows over one K range and reads one
+    copy of x's tiles, so the program covers that many more rows per read of x. ``parts``
     (measurement only) leaves part of the work out: 1 the split-K reduction (each split
     stores its partial over the others'), 2 the math as well (the words are loaded and
     summed). Check ``int4_mma_ok`` first."""
@@ -655,6 +671,14 @@ def int4_mma(
         raise ValueError("x_smem needs wsplit and fragment-ordered words (contiguous_x=False)")
     if x_stages not in (2, 3):
         raise ValueError(f"x_stages must be 2 or 3, got {x_stages}")
+    if row_warps != 1 and not (
+        x_smem and row_warps in (2, 4, 8) and num_warps % row_warps == 0
+        and 2 * row_warps <= block_m
+    ):  # fmt: skip
+        raise ValueError(
+            f"row_warps must be 1, or 2, 4 or 8 with x_smem, dividing num_warps ({num_warps}) "
+            f"and at most block_m // 2 ({block_m // 2}); got {row_warps}"
+        )
     if block_m < 8 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 8, got {block_m}")
     m, k = x.shape
@@ -663,11 +687,12 @@ def int4_mma(
         raise ValueError(f"x has K={k}, the weight K={weight.in_features}")
     tiles = k // FRAG_TILE_K
     tiles_per_split = -(-tiles // split_k)
+    k_warps = num_warps // row_warps  # K ranges per program (wsplit)
     if wsplit:  # whole K tiles per warp
-        tiles_per_split = -(-tiles_per_split // num_warps) * num_warps
+        tiles_per_split = -(-tiles_per_split // k_warps) * k_warps
     num_splits = -(-tiles // tiles_per_split)
-    tiles_per_warp = tiles_per_split // num_warps if wsplit else tiles_per_split
-    rows = 16 * row_tiles * (1 if wsplit else num_warps)
+    tiles_per_warp = tiles_per_split // k_warps if wsplit else tiles_per_split
+    rows = 16 * row_tiles * (row_warps if wsplit else num_warps)
     num_tiles = -(-m // block_m) * -(-n // rows)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     pdl = bool(pdl) and has_pdl(x.device)
@@ -689,12 +714,12 @@ def int4_mma(
     if pdl:
         common["launch_pdl"] = True
     if x_smem:
-        key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, num_warps,
-               x.dtype, weight.scales.dtype)  # fmt: skip
+        key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
+               num_warps, x.dtype, weight.scales.dtype)  # fmt: skip
         _MMA_XS_LAUNCH(
-            (num_tiles, num_splits), key, *args, X_STAGES=x_stages,
-            q_layout=_frag_words3(16 * row_tiles, num_warps),
-            x_layout=_x_copy_layout(num_warps), **common,
+            (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
+            q_layout=_frag_words3(rows, num_warps, row_warps),
+            x_layout=_x_copy_layout(num_warps, row_warps), **common,
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,

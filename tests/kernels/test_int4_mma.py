@@ -76,23 +76,26 @@ def test_matches_reference(dtype, group, cfg):
         assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"mma {cfg} M={m} g={group}")
 
 
-# (block_m, warps, split_k, depth, row_tiles, x_stages): warps over K with x's tiles copied
-# into shared memory; K = 1024 (8 tiles) gives warps of 1, 2 or 4 tiles, and 3 splits round
-# up to whole warps.
-XS_CFGS = [(8, 4, 1, 2, 1, 2), (16, 8, 1, 1, 2, 2), (8, 2, 3, 2, 4, 3), (32, 4, 2, 1, 2, 3),
-           (16, 2, 1, 1, 1, 3)]  # fmt: skip
+# (block_m, warps, split_k, depth, row_tiles, x_stages, row_warps): warps over K with x's
+# tiles copied into shared memory; K = 1024 (8 tiles) gives warps of 1, 2 or 4 tiles, and 3
+# splits round up to whole warps. Row warps: K groups of 2, 4 or 8 warps over different rows
+# that share the group's copies (one group of 8 has all of K; 4 of 2 rows tiles, 128 rows).
+XS_CFGS = [(8, 4, 1, 2, 1, 2, 1), (16, 8, 1, 1, 2, 2, 1), (8, 2, 3, 2, 4, 3, 1),
+           (32, 4, 2, 1, 2, 3, 1), (16, 2, 1, 1, 1, 3, 1), (16, 8, 1, 1, 1, 2, 2),
+           (16, 8, 2, 2, 1, 2, 4), (16, 8, 1, 1, 1, 2, 8), (8, 4, 1, 2, 2, 3, 4),
+           (32, 16, 3, 1, 1, 2, 4)]  # fmt: skip
 
 
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [128, 256, 1024])
-@pytest.mark.parametrize("cfg", XS_CFGS, ids=lambda c: "m{}w{}s{}d{}r{}x{}".format(*c))
+@pytest.mark.parametrize("cfg", XS_CFGS, ids=lambda c: "m{}w{}s{}d{}r{}x{}rw{}".format(*c))
 def test_x_through_shared_memory(dtype, group, cfg):
     """``x_smem``: the warps-over-K kernel as a batched mma, x's tiles copied into a shared
     ring and read back by ldmatrix, on fragment-ordered words in place (odd N, M across
-    several programs' x rows)."""
-    block_m, warps, split, depth, row_tiles, x_stages = cfg
+    several programs' x rows), with one warp or a group of row warps per K range."""
+    block_m, warps, split, depth, row_tiles, x_stages, row_warps = cfg
     ref_w = random_weight(1037, 1024, group, seed=group + warps)
     ref_w = dataclasses.replace(
         ref_w, scales=ref_w.scales.to(torch.float16), offsets=ref_w.offsets.to(torch.float16)
@@ -101,12 +104,13 @@ def test_x_through_shared_memory(dtype, group, cfg):
     for m in (1, 5, 16, 21):
         x = torch.randn(m, 1024, device="cuda", dtype=dtype)
         out = int4_mma(x, view, block_m, warps, split, depth, wsplit=True, row_tiles=row_tiles,
-                       x_smem=True, x_stages=x_stages)  # fmt: skip
+                       x_smem=True, x_stages=x_stages, row_warps=row_warps)  # fmt: skip
         assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} M={m} g={group}")
     x = torch.randn(3, 1152, device="cuda", dtype=dtype)  # 9 tiles: ranges past K read nothing
     ref_w = random_weight(203, 1152, 128, seed=5)
     out = int4_mma(x, to_mma(ref_w.to_frag(), contiguous_x=False), block_m, warps, split, depth,
-                   wsplit=True, row_tiles=row_tiles, x_smem=True, x_stages=x_stages)  # fmt: skip
+                   wsplit=True, row_tiles=row_tiles, x_smem=True, x_stages=x_stages,
+                   row_warps=row_warps)  # fmt: skip
     assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} K=1152")
 
 
@@ -164,6 +168,13 @@ def test_rejects_what_it_cannot_run():
         int4_mma(x, to_mma(weight, contiguous_x=False), x_smem=True)
     with pytest.raises(ValueError, match="x_stages"):
         int4_mma(x, to_mma(weight), x_stages=4)
+    frag = to_mma(weight, contiguous_x=False)
+    with pytest.raises(ValueError, match="row_warps"):
+        int4_mma(x, frag, num_warps=8, wsplit=True, row_warps=2)  # without x_smem
+    with pytest.raises(ValueError, match="row_warps"):
+        int4_mma(x, frag, 16, 4, wsplit=True, x_smem=True, row_warps=8)  # not dividing warps
+    with pytest.raises(ValueError, match="row_warps"):
+        int4_mma(x, frag, 8, 8, wsplit=True, x_smem=True, row_warps=8)  # > block_m // 2
     with pytest.raises(ValueError, match="multiples of 128"):
         to_mma(random_weight(16, 256, 64, seed=1))
     with pytest.raises(ValueError, match="act-order"):
