@@ -142,7 +142,9 @@ def run_shape(
             best = {r: min(t for t, _, c in results if c["row_tiles"] == r) for r in row_tiles}
             print("  best per row tiles: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         if len(row_warps) > 1:
-            best = {r: min(t for t, _, c in results if c["row_warps"] == r) for r in row_warps}
+            best = {}
+            for t, _, c in results:  # sorted: the first of each is its best
+                best.setdefault(c["row_warps"], t)
             print("  best per row warps: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         worst = max(r[1] for r in results)
         summary.append((k, n, m, t_bf16, t_table, results[0][0], worst, results[0][2]))
