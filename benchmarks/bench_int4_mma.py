@@ -49,12 +49,14 @@ def candidates(
     warps: tuple[int, ...] = (8, 16),
     x_stages: tuple[int, ...] = (2, 3),
     row_warps: tuple[int, ...] = (1,),
+    maxnreg: tuple[int, ...] = (0,),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
     of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
     split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them
-    in K groups of each of ``row_warps`` warps over rows, ``x_stages`` tiles in its ring, 32
+    in K groups of each of ``row_warps`` warps over rows, registers capped at each of
+    ``maxnreg`` per thread (0: no cap), ``x_stages`` tiles in its ring, 32
     rows of x per program as well from M = 32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
@@ -71,6 +73,7 @@ def candidates(
                 x_smem=True,
                 x_stages=xs,
                 row_warps=rw,
+                maxnreg=mr or None,
             )  # fmt: skip
             for bm in sizes
             for w in warps
@@ -80,6 +83,7 @@ def candidates(
             for r in row_tiles
             for xs in x_stages
             for rw in row_warps
+            for mr in maxnreg
             if w * r <= 32
             and xs * w * bm * 256 // rw + w * r * bm * 64 <= 200 * 1024  # smem
             and w % rw == 0
@@ -113,6 +117,7 @@ def run_shape(
     warps: tuple[int, ...] = (8, 16),
     x_stages: tuple[int, ...] = (2, 3),
     row_warps: tuple[int, ...] = (1,),
+    maxnreg: tuple[int, ...] = (0,),
 ) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
@@ -127,7 +132,7 @@ def run_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages, row_warps)
+        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages, row_warps, maxnreg)
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -195,6 +200,7 @@ def main() -> None:
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
     parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
     parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
+    parser.add_argument("--maxnreg", default="0", help="--x-smem: register caps (0: none)")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     row_tiles = ints(args.row_tiles)
@@ -209,7 +215,7 @@ def main() -> None:
     for k, n in tqdm(shapes, desc="shapes"):
         summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem,
                              ints(args.warps), ints(args.x_stages),
-                             ints(args.row_warps))  # fmt: skip
+                             ints(args.row_warps), ints(args.maxnreg))  # fmt: skip
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
@@ -222,6 +228,7 @@ def main() -> None:
         c += f"{cfg['row_tiles']} row tiles, " if cfg["row_tiles"] > 1 else ""
         c += f"x in smem ({cfg['x_stages']} stages), " if cfg.get("x_smem") else ""
         c += f"{cfg['row_warps']} row warps, " if cfg.get("row_warps", 1) > 1 else ""
+        c += f"maxnreg {cfg['maxnreg']}, " if cfg.get("maxnreg") else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "

@@ -637,6 +637,7 @@ def int4_mma(
     x_smem: bool = False,
     x_stages: int = 2,
     row_warps: int = 1,
+    maxnreg: int | None = None,
     slots: bool = True,
     parts: int = 0,
 ) -> torch.Tensor:
@@ -655,7 +656,9 @@ def int4_mma(
     the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``); ``row_warps`` (with
     ``x_smem``, dividing ``num_warps``, at most ``block_m // 2``) groups the warps: each group
     of ``row_warps`` warps holds ``row_warps`` times the rows over one K range and reads one
-    copy of x's tiles, so the program covers that many more rows per read of x. ``parts``
+    copy of x's tiles, so the program covers that many more rows per read of x. ``maxnreg``
+    caps the registers per thread (ptxas spills the rest), so that more programs fit on a
+    multiprocessor. ``parts``
     (measurement only) leaves part of the work out: 1 the split-K reduction (each split
     stores its partial over the others'), 2 the math as well (the words are loaded and
     summed). Check ``int4_mma_ok`` first."""
@@ -713,9 +716,11 @@ def int4_mma(
                   PDL=pdl, ROW_TILES=row_tiles, num_warps=num_warps)  # fmt: skip
     if pdl:
         common["launch_pdl"] = True
+    if maxnreg:
+        common["maxnreg"] = maxnreg
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
-               num_warps, x.dtype, weight.scales.dtype)  # fmt: skip
+               num_warps, maxnreg, x.dtype, weight.scales.dtype)  # fmt: skip
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
             q_layout=_frag_words3(rows, num_warps, row_warps),
@@ -723,7 +728,8 @@ def int4_mma(
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
-               weight.contiguous_x, num_warps, x.dtype, weight.scales.dtype, parts)  # fmt: skip
+               weight.contiguous_x, num_warps, maxnreg, x.dtype, weight.scales.dtype,
+               parts)  # fmt: skip
         _MMA_LAUNCH(
             (num_tiles, num_splits), key, *args, WSPLIT=wsplit, X_CONTIG=weight.contiguous_x,
             q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
