@@ -60,9 +60,12 @@ class Int4GemmConfig:
     rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
     with ``wsplit`` the same ``block_n`` rows over ``num_warps`` K ranges summed in shared
     memory, and with ``x_smem`` as well each warp copying its tiles of x into shared memory
-    for ``ldmatrix`` (two tiles in its ring); ``num_stages`` K tiles of words loaded ahead (1
-    or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not apply, the swapped wgmma
-    kernel runs instead.
+    for ``ldmatrix`` (two tiles in its ring), or with ``row_warps`` > 1 each K range held by
+    that many warps over different rows that share its copies (``block_n`` is then their
+    rows together); ``maxnreg`` caps the registers per thread (ptxas's schedule changes with
+    it: 0.5-0.8 us per call at M <= 8 on the H200); ``num_stages`` K tiles of words loaded
+    ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not apply, the
+    swapped wgmma kernel runs instead.
     """
 
     strategy: str
@@ -86,6 +89,8 @@ class Int4GemmConfig:
     pipe: bool = False
     wsplit: bool = False
     x_smem: bool = False
+    row_warps: int = 1
+    maxnreg: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -103,6 +108,15 @@ class Int4GemmConfig:
             raise ValueError("wsplit applies to the mma strategy only")
         if self.x_smem and not self.wsplit:
             raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
+        if self.row_warps != 1 and not (
+            self.x_smem and self.row_warps in (2, 4, 8) and self.num_warps % self.row_warps == 0
+        ):
+            raise ValueError(
+                "row_warps > 1 (2, 4 or 8, dividing num_warps) applies to the mma strategy "
+                f"with x_smem=True only, got {self.row_warps}"
+            )
+        if self.maxnreg is not None and not (self.strategy == "mma" and self.maxnreg >= 24):
+            raise ValueError(f"maxnreg applies to the mma strategy (>= 24), got {self.maxnreg}")
         if self.strategy == "mma" and self.num_stages not in (1, 2):
             raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
         if self.strategy == "mma" and (
@@ -119,9 +133,9 @@ class Int4GemmConfig:
 
     @property
     def _warp_share(self) -> int:
-        """``mma``: the weight rows of a program per 16-row tile of one warp (16 with
-        ``wsplit``, whose warps all hold the program's rows; else 16 per warp)."""
-        return 16 if self.wsplit else 16 * self.num_warps
+        """``mma``: the weight rows of a program per 16-row tile of one warp (16 per row warp
+        with ``wsplit``, whose K ranges all hold the program's rows; else 16 per warp)."""
+        return 16 * self.row_warps if self.wsplit else 16 * self.num_warps
 
     @property
     def row_tiles(self) -> int:
@@ -244,33 +258,40 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     """Small M on a fragment-ordered weight with N <= 8192: the register mma kernel where it
     led the swapped kernel on the H200, else None. Its warps split K (``wsplit``), launched
     as a programmatic dependent, 8 rows of x per program (16 above M = 8):
-    - M <= 2 on o_proj- and down_proj-sized weights (N <= 4096 or K >= 8192): x's fragments
-      loaded in place, 16 weight rows per program, one tile ahead, no split-K, 16 warps
-      while two programs per multiprocessor hold every row (N <= 4096 on the H200), else 8;
-    - otherwise x through shared memory (``x_smem``), 8 warps: qkv-sized weights (K < 8192,
-      N > 4096) up to M = 8 with 16 rows per program; o_proj-sized ones (N <= 4096, K < 8192)
-      at M = 3-8 with 32 rows (two row tiles per warp) and two tiles of words ahead, and at
-      M = 9-16 with 16 rows; down_proj-sized ones (K >= 8192) at M = 3-8 with 32 rows, two
-      tiles ahead, split-K 2.
+    - down_proj-sized weights (K >= 8192): at M <= 2 x's fragments loaded in place, 16 weight
+      rows per program, one tile ahead, no split-K, 16 warps while two programs per
+      multiprocessor hold every row (N <= 4096 on the H200), else 8; at M = 3-8 x through
+      shared memory (``x_smem``), 8 warps, 32 rows (two row tiles per warp), split-K 2,
+      registers capped at 128;
+    - others up to M = 8 through shared memory, 8 warps of 16 rows, registers capped at 96
+      where two programs per multiprocessor hold every row (o_proj-sized, N <= 4096), else at
+      80, which lets three fit (qkv-sized: 384 programs);
+    - at M = 9-16 through shared memory, 8 warps: o_proj-sized ones with 16 rows, qkv-sized
+      ones with two row warps (32 rows, each K range's copy of x read by two warps).
 
-    Measured (BENCHMARKS.md, "INT4 GEMM", thirteenth session of 2026-11-30,
-    ``bench_int4_mma.py --frag [--x-smem] --row-tiles 1,2,4 --launch pdl``, us, against the
-    table before): 4096 x 4096 at M = 8 / 16: 6.3 / 7.4 against 7.4 / 9.7; 4096 x 6144 at
-    M = 1 / 8: 7.7 / 7.7 against 8.1 / 10.0 (16: 12.2 against 11.1, not routed); 14336 x
-    4096 at M = 8: 15.3 against 16.4 (1: 15.3 against 14.0, 16: 21.4 against 18.2)."""
+    Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
+    ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2
+    --launch pdl``, us, against the table before): 4096 x 6144 at M = 1 / 4 / 8: 7.0 / 7.1 /
+    7.1 against 7.8 / 7.7 / 7.7 (M = 16 with row warps: 10.6 against 10.9); 4096 x 4096 at
+    M = 1 / 4 / 8: 5.5 against 6.0 / 6.2 / 6.3; 14336 x 4096 at M = 4 / 8: 14.5 / 15.1
+    against 15.6 / 15.7."""
     if n > 8192:
         return None
-    long_k, narrow = k >= 8192, n <= 4096
-    if m <= 2 and (narrow or long_k):
-        warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
-        return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
     smem = dict(pdl=True, wsplit=True, x_smem=True)
-    if m <= 8 and not long_k and not narrow:
-        return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, **smem)
+    if k >= 8192:
+        if m <= 2:
+            warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
+            return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
+        if m <= 8:
+            return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
+        return None
     if m <= 8:
-        return Int4GemmConfig("mma", 8, 32, 128, 2 if long_k else 1, 8, 2, **smem)
-    if m <= 16 and narrow and not long_k:
-        return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
+        cap = 96 if -(-n // 16) <= 2 * _ONE_WAVE else 80
+        return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, maxnreg=cap, **smem)
+    if m <= 16:
+        if n <= 4096:
+            return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
+        return Int4GemmConfig("mma", 16, 32, 128, 1, 8, 1, row_warps=2, **smem)
     return None
 
 

@@ -193,27 +193,37 @@ def test_to_mma_from_fragment_order():
 @pytest.mark.gpu
 def test_table_runs_fragment_order_on_mma_at_small_m():
     """``int4_gemm``'s table sends small M on a fragment-ordered weight with N <= 8192 to the
-    register mma kernel (reading the words in place): on o_proj-sized weights x's fragments
-    loaded in place at M <= 2, then x through shared memory with two row tiles per warp at
-    M = 3-8 and one at M = 9-16; qkv-sized ones through shared memory up to M = 8, down_proj-
-    sized ones in place at M <= 2 and through shared memory at 3-8. Eagerly, from a CUDA
-    graph, and with fp32 x (which it does not take: the swapped kernel's path runs)."""
+    register mma kernel (reading the words in place): K < 8192 through shared memory up to
+    M = 16, with registers capped at 96 (N <= 4224) or 80 up to M = 8 and two row warps at
+    M = 9-16 for N > 4096; down_proj-sized ones (K >= 8192) in place at M <= 2 and through
+    shared memory at 3-8. Eagerly, from a CUDA graph, and with fp32 x (which it does not
+    take: the swapped kernel's path runs)."""
+    cuda = torch.device("cuda")
+    for n, seed, cases in [
+        (2056, 21, [(1, 16, 1, 96), (2, 16, 1, 96), (8, 16, 1, 96), (9, 16, 1, None),
+                    (16, 16, 1, None)]),
+        (4232, 25, [(1, 16, 1, 80), (5, 16, 1, 80), (9, 32, 2, None), (16, 32, 2, None)]),
+    ]:  # fmt: skip
+        ref_w = random_weight(n, 1024, 128, seed=seed)
+        weight = ref_w.to_frag()
+        for m, rows, row_warps, cap in cases:
+            cfg = choose_config(m, n, 1024, 128, cuda, frag=True)
+            assert cfg.strategy == "mma" and cfg.x_smem, (m, cfg)
+            assert (cfg.block_n, cfg.row_warps, cfg.maxnreg) == (rows, row_warps, cap), (m, cfg)
+            x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+            want = int4_gemm_ref(x, ref_w)
+            assert_close(int4_gemm(x, weight), want, torch.bfloat16, f"N={n} M={m}")
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
-    cuda = torch.device("cuda")
-    for m, rows, x_smem in [(1, 16, False), (2, 16, False), (3, 32, True), (4, 32, True),
-                            (8, 32, True), (9, 16, True), (16, 16, True)]:  # fmt: skip
-        cfg = choose_config(m, 2056, 1024, 128, cuda, frag=True)
-        assert cfg.strategy == "mma" and (cfg.block_n, cfg.x_smem) == (rows, x_smem), (m, cfg)
-        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-        assert_close(int4_gemm(x, weight), int4_gemm_ref(x, ref_w), torch.bfloat16, f"M={m}")
     for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (9, 6144, 4096, False),
                          (17, 2056, 1024, False), (2, 4096, 14336, True),
                          (8, 4096, 14336, True), (9, 4096, 14336, False),
                          (1, 28672, 4096, False)]:  # fmt: skip
         assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
     ref_k = random_weight(520, 8192, 128, seed=24)  # K >= 8192: split-K 2 through smem at M = 5
-    assert choose_config(5, 520, 8192, 128, cuda, frag=True).split_k == 2
+    cfg = choose_config(5, 520, 8192, 128, cuda, frag=True)
+    assert (cfg.split_k, cfg.x_smem, cfg.block_n, cfg.maxnreg) == (2, True, 32, 128), cfg
+    assert not choose_config(2, 520, 8192, 128, cuda, frag=True).x_smem
     x = torch.randn(5, 8192, device="cuda", dtype=torch.bfloat16)
     assert_close(int4_gemm(x, ref_k.to_frag()), int4_gemm_ref(x, ref_k), torch.bfloat16, "K=8192")
     assert choose_config(17, 2056, 1024, 128, cuda, frag=True).swap
@@ -263,4 +273,14 @@ def test_config_checks():
         Int4GemmConfig("mma", block_n=32, num_warps=4, num_stages=1)
     with pytest.raises(ValueError, match="x_smem"):
         Int4GemmConfig("mma", num_stages=1, x_smem=True)
+    with pytest.raises(ValueError, match="row_warps"):
+        Int4GemmConfig("mma", block_n=32, num_stages=1, wsplit=True, row_warps=2)  # no x_smem
+    with pytest.raises(ValueError, match="row_warps"):
+        Int4GemmConfig("mma", block_n=64, num_warps=2, num_stages=1, wsplit=True, x_smem=True,
+                       row_warps=4)  # fmt: skip
+    with pytest.raises(ValueError, match="maxnreg"):
+        Int4GemmConfig("gemv", maxnreg=80)
+    cfg = Int4GemmConfig("mma", block_n=64, num_warps=8, num_stages=1, wsplit=True, x_smem=True,
+                         row_warps=2, maxnreg=80)  # fmt: skip
+    assert cfg.row_tiles == 2  # 64 rows: two row warps of two 16-row tiles
     Int4GemmConfig("mma", block_n=64, num_warps=2, num_stages=1)  # 2 warps of 32 rows
