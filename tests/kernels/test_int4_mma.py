@@ -215,8 +215,8 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
             assert_close(int4_gemm(x, weight), want, torch.bfloat16, f"N={n} M={m}")
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
-    for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (9, 6144, 4096, False),
-                         (17, 2056, 1024, False), (2, 4096, 14336, True),
+    for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (16, 6144, 4096, True),
+                         (17, 6144, 4096, False), (17, 2056, 1024, False), (2, 4096, 14336, True),
                          (8, 4096, 14336, True), (9, 4096, 14336, False),
                          (1, 28672, 4096, False)]:  # fmt: skip
         assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
