@@ -817,7 +817,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
         if cfg.swap and int4_wgmma is not None and wgmma_swap_ok(x, weight, cfg.block_k):
             return int4_wgmma_swap(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
-                cfg.num_warps, cfg.specialized, pipe=cfg.pipe, pdl=cfg.pdl,
+                cfg.num_warps, cfg.specialized, pipe=cfg.pipe, pdl=cfg.pdl, maxnreg=cfg.maxnreg,
             )  # fmt: skip
         # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads fragment-ordered words,
         # and above M = 256 it is what the table took before the swapped kernel ran there

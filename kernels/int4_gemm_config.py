@@ -62,8 +62,9 @@ class Int4GemmConfig:
     memory, and with ``x_smem`` as well each warp copying its tiles of x into shared memory
     for ``ldmatrix`` (two tiles in its ring), or with ``row_warps`` > 1 each K range held by
     that many warps over different rows that share its copies (``block_n`` is then their
-    rows together); ``maxnreg`` caps the registers per thread (ptxas's schedule changes with
-    it: 0.5-0.8 us per call at M <= 8 on the H200); ``num_stages`` K tiles of words loaded
+    rows together); ``maxnreg`` (also for ``wgmma`` with ``swap``) caps the registers per
+    thread (ptxas's schedule changes with it: 0.5-0.8 us per call of the mma kernel at M <= 8
+    on the H200); ``num_stages`` K tiles of words loaded
     ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not apply, the
     swapped wgmma kernel runs instead.
     """
@@ -115,8 +116,14 @@ class Int4GemmConfig:
                 "row_warps > 1 (2, 4 or 8, dividing num_warps) applies to the mma strategy "
                 f"with x_smem=True only, got {self.row_warps}"
             )
-        if self.maxnreg is not None and not (self.strategy == "mma" and self.maxnreg >= 24):
-            raise ValueError(f"maxnreg applies to the mma strategy (>= 24), got {self.maxnreg}")
+        if self.maxnreg is not None and not (
+            (self.strategy == "mma" or (self.strategy == "wgmma" and self.swap))
+            and self.maxnreg >= 24
+        ):
+            raise ValueError(
+                "maxnreg (>= 24) applies to the mma strategy and the wgmma strategy with "
+                f"swap=True, got {self.maxnreg}"
+            )
         if self.strategy == "mma" and self.num_stages not in (1, 2):
             raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
         if self.strategy == "mma" and (

@@ -750,6 +750,7 @@ def int4_wgmma_swap(
     slots: bool = True,
     pipe: bool = False,
     pdl: int = 0,
+    maxnreg: int | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -769,7 +770,8 @@ def int4_wgmma_swap(
     runs instead. ``pdl`` (sm_90+) launches the kernel as a programmatic dependent that waits
     for the previous kernel before it reads anything: 1 lets the next kernel launch on entry,
     2 only once every program is past its main loop (neither is in the table: BENCHMARKS.md,
-    "INT4 GEMM", eleventh session)."""
+    "INT4 GEMM", eleventh session). ``maxnreg`` caps the registers per thread (ptxas spills
+    the rest; its schedule changes with the cap)."""
     if pdl not in (0, 1, 2):
         raise ValueError(f"pdl must be 0, 1 or 2, got {pdl}")
     pdl = int(pdl)  # a config's bool
@@ -809,7 +811,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl)  # fmt: skip
+           pdl, maxnreg)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -839,5 +841,7 @@ def int4_wgmma_swap(
     }
     if pdl:
         args["launch_pdl"] = True
+    if maxnreg:
+        args["maxnreg"] = maxnreg
     _SWAP_LAUNCH((num_tiles, num_splits), key, **args, num_warps=num_warps)
     return out.to(x.dtype) if mode == 1 else out
