@@ -7,7 +7,8 @@ median time per call), beside bf16 cuBLAS.
 
 For every shape and M whose table config runs a Gluon kernel (the register mma kernel, or
 the swapped wgmma kernel), it times that config with each cap (0: none, the compiler's own
-allocation) and checks each output against the reference. ptxas schedules differently under
+allocation; "-" where ptxas cannot fit a wgmma's operands under it) and checks each output
+against the reference. ptxas schedules differently under
 a cap even where it needs fewer registers than the cap; on the H200 a cap made the mma
 kernel 8-17% faster at M <= 8 (BENCHMARKS.md, "INT4 GEMM", fourteenth session).
 """
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+from triton.runtime.errors import PTXASError  # noqa: E402
 
 from kernels.int4_gemm import _launch, choose_config, int4_gemm_ref  # noqa: E402
 
@@ -58,7 +60,11 @@ def main() -> None:
             times, worst = {}, 0.0
             for cap in [None] + caps:  # None: the table's own config
                 c = cfg if cap is None else capped(cfg, cap)
-                out = _launch(x, w0, c).float()
+                try:
+                    out = _launch(x, w0, c).float()
+                except PTXASError:  # a wgmma's operands need more registers than the cap
+                    times[cap] = float("inf")
+                    continue
                 worst = max(worst, ((out - ref).norm() / ref.norm()).item())
                 times[cap] = graph_time_us(
                     lambda i, c=c, x=x, w=peers.int4: _launch(x, w[i], c), peers.num_int4
@@ -68,7 +74,7 @@ def main() -> None:
             lines.append(
                 f"| {k} x {n} | {m} | {kind} | {t_bf16:.1f} | {times[None]:.1f} "
                 f"(cap {cfg.maxnreg or 'none'}) | "
-                + " | ".join(f"{times[c]:.1f}" for c in caps)
+                + " | ".join(f"{times[c]:.1f}" if times[c] < float("inf") else "-" for c in caps)
                 + f" | {best or 'none'}: {t_bf16 / times[best]:.2f}x | {worst:.1e} |"
             )
         torch.cuda.empty_cache()
