@@ -7,7 +7,8 @@ median time per call), beside bf16 cuBLAS.
 
 For every shape and M whose table config runs a Gluon kernel (the register mma kernel, or
 the swapped wgmma kernel), it times that config with each cap (0: none, the compiler's own
-allocation; "-" where ptxas cannot fit a wgmma's operands under it) and checks each output
+allocation; "-" where ptxas cannot fit a wgmma's operands under it, or the cap
+times the program's threads exceeds the register file) and checks each output
 against the reference. ptxas schedules differently under
 a cap even where it needs fewer registers than the cap; on the H200 a cap made the mma
 kernel 8-17% faster at M <= 8 (BENCHMARKS.md, "INT4 GEMM", fourteenth session).
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from triton.runtime.errors import PTXASError  # noqa: E402
+from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
 from kernels.int4_gemm import _launch, choose_config, int4_gemm_ref  # noqa: E402
 
@@ -62,8 +63,8 @@ def main() -> None:
                 c = cfg if cap is None else capped(cfg, cap)
                 try:
                     out = _launch(x, w0, c).float()
-                except PTXASError:  # a wgmma's operands need more registers than the cap
-                    times[cap] = float("inf")
+                except (PTXASError, OutOfResources):  # a wgmma's operands need more
+                    times[cap] = float("inf")  # registers, or the program's threads fewer
                     continue
                 worst = max(worst, ((out - ref).norm() / ref.norm()).item())
                 times[cap] = graph_time_us(
