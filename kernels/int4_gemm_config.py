@@ -224,7 +224,10 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     above, the fewest that give >= 96 programs, doubled for long K (>= 8192) up to M = 64;
     above M = 64, x tiles of 128 rows, warp-specialized with 4 stages while the programs fit
     in one wave (one per multiprocessor), else plain with 3 (two per multiprocessor); the
-    warp-specialized tiling keeps two wgmmas in flight above M = 128 (eighth session)."""
+    warp-specialized tiling keeps two wgmmas in flight above M = 128 (eighth session).
+    From M = 33 to 64 registers are capped at 200 per thread, under which ptxas schedules
+    the loop differently: 4096 x 6144 at M = 64 took 14.5 against 15.9 us, the other narrow
+    weights 0-2% less (fourteenth session, ``bench_int4_maxnreg.py``)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
@@ -237,9 +240,11 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     split = _pow2_split(target, k, 128, 16)
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
+    cap = 200 if 32 < m <= 64 else None
     return Int4GemmConfig(
-        "wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64, pipe=m > 128
-    )
+        "wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64, pipe=m > 128,
+        maxnreg=cap,
+    )  # fmt: skip
 
 
 def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:

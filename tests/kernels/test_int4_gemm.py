@@ -18,7 +18,12 @@ from kernels.int4_gemm import (  # noqa: E402
     int4_gemm,
     int4_gemm_ref,
 )
-from kernels.int4_gemm_config import _LARGE_PLAIN, _LARGE_PLAIN_FRAG, _LARGE_WIDE  # noqa: E402
+from kernels.int4_gemm_config import (  # noqa: E402
+    _LARGE_PLAIN,
+    _LARGE_PLAIN_FRAG,
+    _LARGE_WIDE,
+    choose_config,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative Frobenius error allowed per activation dtype (fp32 accumulate in both).
@@ -416,12 +421,16 @@ def test_asm_dequant_fp16(swap, tma):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 16, 48, 100, 200, 300])
-@pytest.mark.parametrize("n, k", [(16440, 512), (1032, 8192)])  # wide; long K (down_proj)
+@pytest.mark.parametrize("n, k", [(16440, 512), (1032, 8192), (4232, 1024)])
 def test_fragment_order_table_graph_replay_bf16(m, n, k):
-    """A wide and a long-K weight in fragment order through their table (the swapped wgmma
-    kernel up to M = 256, dequantize + cuBLAS above) in a CUDA graph."""
+    """A wide, a long-K and a qkv-like weight in fragment order through their table (the
+    register mma kernel at small M on the narrow ones, the swapped wgmma kernel up to M = 256,
+    with registers capped at M = 33-64 on the narrow ones, then dequantize + cuBLAS or the
+    large tilings) in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
+    cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
+    assert (cfg.maxnreg == 200) == (m == 48 and n <= 8192), cfg
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
