@@ -5,16 +5,19 @@ shipped decode config (``_pick_decode_config``) against the same with one field 
 
 - ``masked``: every tile's loads predicated (``whole_tiles=False``, the previous kernel);
 - ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
-  (``wait=True``; sm_90+), so consecutive layers' launches overlap.
+  (``wait=True``; sm_90+), so consecutive layers' launches overlap;
+- with ``--caps 64,96,...``, ``cap N`` instead: the decode kernel's registers per thread
+  capped at N (``maxnreg``).
 
 Timings as in ``bench_attention.py`` (graph: one replay, L2 flushed; layered: L calls on L
 caches back to back in one graph). Every variant's output is checked against SDPA.
 
-    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py
+    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py [--caps 64,96,128]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from functools import partial
 
@@ -46,7 +49,12 @@ def main() -> None:
     device = torch.device("cuda")
     copy = copy_bandwidth()
     print(torch.cuda.get_device_name(), torch.__version__, f"copy {copy / 1e12:.2f} TB/s")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--caps", default="", help="register caps to time instead of the leads")
+    caps = [int(c) for c in parser.parse_args().caps.split(",") if c]
     variants = {"shipped": {}, "masked": {"whole_tiles": False}, "wait": {"wait": True}}
+    if caps:
+        variants = {"shipped": {}, **{f"cap {c}": {"maxnreg": c} for c in caps}}
     head = " | ".join(f"{name} graph / layered us (/SDPA)" for name in variants)
     print(f"| batch x ctx | splits | {head} | SDPA graph / layered us | shipped layered %copy |")
     print("|" + "---|" * (len(variants) + 4))

@@ -802,7 +802,8 @@ class DecodeConfig:
     ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
-    by default for the same reason.
+    by default for the same reason. ``maxnreg`` (CUDA): registers per thread capped at that
+    (ptxas schedules differently under a cap; the INT4 kernels gained from it).
     """
 
     block_n: int
@@ -814,6 +815,7 @@ class DecodeConfig:
     pdl: bool = False
     wait: bool = False
     whole_tiles: bool = False
+    maxnreg: int | None = None
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
@@ -923,6 +925,7 @@ def _launch_decode(
         TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if wait else {}),
+        **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip
     if is_split and not is_fused:
         _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
