@@ -803,7 +803,8 @@ class DecodeConfig:
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
     by default for the same reason. ``maxnreg`` (CUDA): registers per thread capped at that
-    (ptxas schedules differently under a cap; the INT4 kernels gained from it).
+    (ptxas schedules differently under a cap; the INT4 mma kernel gained from it, this one
+    did not at any cap from 40 to 168: BENCHMARKS.md, so off).
     """
 
     block_n: int
