@@ -62,11 +62,11 @@ class Int4GemmConfig:
     memory, and with ``x_smem`` as well each warp copying its tiles of x into shared memory
     for ``ldmatrix`` (two tiles in its ring), or with ``row_warps`` > 1 each K range held by
     that many warps over different rows that share its copies (``block_n`` is then their
-    rows together); ``maxnreg`` (also for ``wgmma`` with ``swap``) caps the registers per
-    thread (ptxas's schedule changes with it: 0.5-0.8 us per call of the mma kernel at M <= 8
-    on the H200); ``num_stages`` K tiles of words loaded
-    ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not apply, the
-    swapped wgmma kernel runs instead.
+    rows together, ``block_m`` at least twice ``row_warps``); ``maxnreg`` (also for
+    ``wgmma`` with ``swap``) caps the registers per thread (ptxas's schedule changes with it:
+    0.5-0.8 us per call of the mma kernel at M <= 8 on the H200); ``num_stages`` K tiles of
+    words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not
+    apply, the swapped wgmma kernel runs instead.
     """
 
     strategy: str
@@ -110,11 +110,14 @@ class Int4GemmConfig:
         if self.x_smem and not self.wsplit:
             raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
         if self.row_warps != 1 and not (
-            self.x_smem and self.row_warps in (2, 4, 8) and self.num_warps % self.row_warps == 0
+            self.x_smem
+            and self.row_warps in (2, 4, 8)
+            and self.num_warps % self.row_warps == 0
+            and 2 * self.row_warps <= self.block_m
         ):
             raise ValueError(
-                "row_warps > 1 (2, 4 or 8, dividing num_warps) applies to the mma strategy "
-                f"with x_smem=True only, got {self.row_warps}"
+                "row_warps > 1 (2, 4 or 8, dividing num_warps, at most block_m // 2) applies "
+                f"to the mma strategy with x_smem=True only, got {self.row_warps}"
             )
         if self.maxnreg is not None and not (
             (self.strategy == "mma" or (self.strategy == "wgmma" and self.swap))

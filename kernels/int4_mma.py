@@ -658,11 +658,12 @@ def int4_mma(
     ``x_smem``, dividing ``num_warps``, at most ``block_m // 2``) groups the warps: each group
     of ``row_warps`` warps holds ``row_warps`` times the rows over one K range and reads one
     copy of x's tiles, so the program covers that many more rows per read of x. ``maxnreg``
-    caps the registers per thread (ptxas spills the rest), so that more programs fit on a
-    multiprocessor. ``parts``
-    (measurement only) leaves part of the work out: 1 the split-K reduction (each split
-    stores its partial over the others'), 2 the math as well (the words are loaded and
-    summed). Check ``int4_mma_ok`` first."""
+    caps the registers per thread: ptxas spills the rest, and schedules the loop differently
+    even where it needs fewer (on the H200 that, not occupancy, made the table's M <= 8 forms
+    8-17% faster: BENCHMARKS.md, "INT4 GEMM", fourteenth session). ``parts`` (measurement
+    only) leaves part of the work out: 1 the split-K reduction (each split stores its partial
+    over the others'), 2 the math as well (the words are loaded and summed). Check
+    ``int4_mma_ok`` first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
     if parts not in (0, 1, 2):

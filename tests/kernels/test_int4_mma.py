@@ -278,8 +278,13 @@ def test_config_checks():
     with pytest.raises(ValueError, match="row_warps"):
         Int4GemmConfig("mma", block_n=64, num_warps=2, num_stages=1, wsplit=True, x_smem=True,
                        row_warps=4)  # fmt: skip
+    with pytest.raises(ValueError, match="row_warps"):
+        Int4GemmConfig("mma", 8, 64, num_warps=8, num_stages=1, wsplit=True, x_smem=True,
+                       row_warps=8)  # fmt: skip  # 8 x rows for 8 row warps' copies
     with pytest.raises(ValueError, match="maxnreg"):
         Int4GemmConfig("gemv", maxnreg=80)
+    with pytest.raises(ValueError, match="maxnreg"):
+        Int4GemmConfig("wgmma", maxnreg=128)  # unswapped: not a launch option there
     cfg = Int4GemmConfig("mma", block_n=64, num_warps=8, num_stages=1, wsplit=True, x_smem=True,
                          row_warps=2, maxnreg=80)  # fmt: skip
     assert cfg.row_tiles == 2  # 64 rows: two row warps of two 16-row tiles
