@@ -33,11 +33,6 @@ from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 from kernels.int4_gemm import _launch, choose_config, int4_gemm_ref  # noqa: E402
 
 
-def capped(cfg, cap: int):
-    """``cfg`` with registers capped at ``cap`` (0: none)."""
-    return dataclasses.replace(cfg, maxnreg=cap or None)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
@@ -60,7 +55,7 @@ def main() -> None:
             t_bf16 = peers.time_bf16(x)
             times, worst = {}, 0.0
             for cap in [None] + caps:  # None: the table's own config
-                c = cfg if cap is None else capped(cfg, cap)
+                c = cfg if cap is None else dataclasses.replace(cfg, maxnreg=cap or None)
                 try:
                     out = _launch(x, w0, c).float()
                 except (PTXASError, OutOfResources):  # a wgmma's operands need more

@@ -105,23 +105,12 @@ def candidates(
     ]
 
 
-def run_shape(
-    k: int,
-    n: int,
-    rows: list[int],
-    top: int,
-    frag: bool,
-    row_tiles=(1,),
-    pdl=(False, True),
-    x_smem: bool = False,
-    warps: tuple[int, ...] = (8, 16),
-    x_stages: tuple[int, ...] = (2, 3),
-    row_warps: tuple[int, ...] = (1,),
-    maxnreg: tuple[int, ...] = (0,),
-) -> list[tuple]:
+def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
-    ``mma_order``, on the short candidate list."""
+    ``mma_order``, on the short candidate list; ``space``: the sweep's axes, as
+    ``candidates`` takes them."""
+    row_tiles, row_warps = space.get("row_tiles", (1,)), space.get("row_warps", (1,))
     peers = Peers(k, n, with_torch=False)
     mma = [to_mma(w, contiguous_x=not frag) for w in peers.int4]
     ref_w = peers.int4[0]
@@ -132,7 +121,7 @@ def run_shape(
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, frag, row_tiles, pdl, x_smem, warps, x_stages, row_warps, maxnreg)
+        cands = candidates(m, frag, **space)
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             out = int4_mma(x, mma[0], **cfg).float()
             err = ((out - ref).norm() / ref.norm()).item()
@@ -203,8 +192,15 @@ def main() -> None:
     parser.add_argument("--maxnreg", default="0", help="--x-smem: register caps (0: none)")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
-    row_tiles = ints(args.row_tiles)
-    pdl = {"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch]
+    space = dict(
+        row_tiles=ints(args.row_tiles),
+        pdl={"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch],
+        x_smem=args.x_smem,
+        warps=ints(args.warps),
+        x_stages=ints(args.x_stages),
+        row_warps=ints(args.row_warps),
+        maxnreg=ints(args.maxnreg),
+    )
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
     if args.parts:
@@ -213,9 +209,7 @@ def main() -> None:
         return
     summary = []
     for k, n in tqdm(shapes, desc="shapes"):
-        summary += run_shape(k, n, rows, args.top, args.frag, row_tiles, pdl, args.x_smem,
-                             ints(args.warps), ints(args.x_stages),
-                             ints(args.row_warps), ints(args.maxnreg))  # fmt: skip
+        summary += run_shape(k, n, rows, args.top, args.frag, **space)
         torch.cuda.empty_cache()
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "

@@ -293,15 +293,16 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     if n > 8192:
         return None
     smem = dict(pdl=True, wsplit=True, x_smem=True)
+    two_per_sm = -(-n // 16) <= 2 * _ONE_WAVE  # programs of 16 rows, two per multiprocessor
     if k >= 8192:
         if m <= 2:
-            warps = 16 if -(-n // 16) <= 2 * _ONE_WAVE else 8
+            warps = 16 if two_per_sm else 8
             return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
         if m <= 8:
             return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
         return None
     if m <= 8:
-        cap = 96 if -(-n // 16) <= 2 * _ONE_WAVE else 80
+        cap = 96 if two_per_sm else 80
         return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, maxnreg=cap, **smem)
     if m <= 16:
         if n <= 4096:
