@@ -50,13 +50,15 @@ def candidates(
     x_stages: tuple[int, ...] = (2, 3),
     row_warps: tuple[int, ...] = (1,),
     maxnreg: tuple[int, ...] = (0,),
+    scaled: tuple[bool, ...] = (False,),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
     of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
     split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them
     in K groups of each of ``row_warps`` warps over rows, registers capped at each of
-    ``maxnreg`` per thread (0: no cap), ``x_stages`` tiles in its ring, 32
+    ``maxnreg`` per thread (0: no cap), the decode applying the scales or not (``scaled``),
+    ``x_stages`` tiles in its ring, 32
     rows of x per program as well from M = 32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
@@ -74,6 +76,7 @@ def candidates(
                 x_stages=xs,
                 row_warps=rw,
                 maxnreg=mr or None,
+                scaled=sc,
             )  # fmt: skip
             for bm in sizes
             for w in warps
@@ -84,6 +87,7 @@ def candidates(
             for xs in x_stages
             for rw in row_warps
             for mr in maxnreg
+            for sc in scaled
             if w * r <= 32
             and xs * w * bm * 256 // rw + w * r * bm * 64 <= 200 * 1024  # smem
             and w % rw == 0
@@ -135,6 +139,11 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
         if len(row_tiles) > 1:
             best = {r: min(t for t, _, c in results if c["row_tiles"] == r) for r in row_tiles}
             print("  best per row tiles: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
+        if len(space.get("scaled", (False,))) > 1:
+            best = {}
+            for t, _, c in results:
+                best.setdefault(c["scaled"], t)
+            print("  best per scaled: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))
         if len(row_warps) > 1:
             best = {}
             for t, _, c in results:  # sorted: the first of each is its best
@@ -190,6 +199,7 @@ def main() -> None:
     parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
     parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
     parser.add_argument("--maxnreg", default="0", help="--x-smem: register caps (0: none)")
+    parser.add_argument("--scaled", default="0", help="--x-smem: 0 ones-mma, 1 scaled decode, 0,1")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
@@ -200,6 +210,7 @@ def main() -> None:
         x_stages=ints(args.x_stages),
         row_warps=ints(args.row_warps),
         maxnreg=ints(args.maxnreg),
+        scaled=tuple(bool(v) for v in ints(args.scaled)),
     )
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -223,6 +234,7 @@ def main() -> None:
         c += f"x in smem ({cfg['x_stages']} stages), " if cfg.get("x_smem") else ""
         c += f"{cfg['row_warps']} row warps, " if cfg.get("row_warps", 1) > 1 else ""
         c += f"maxnreg {cfg['maxnreg']}, " if cfg.get("maxnreg") else ""
+        c += "scaled decode, " if cfg.get("scaled") else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "

@@ -53,14 +53,16 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
 
 
 def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int,
-               row_warps: int = 1) -> bytes:  # fmt: skip
-    """The sm_90 cubin of ``_int4_mma_xs_kernel`` (x through shared memory, two ring stages)."""
+               row_warps: int = 1, scaled: bool = False) -> bytes:  # fmt: skip
+    """The sm_90 cubin of ``_int4_mma_xs_kernel`` (x through shared memory, two ring stages;
+    ``scaled``: the decode applies scales and offsets, no mma on ones)."""
     signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
                  "out_ptr": "*bf16", "ws_ptr": "*fp32", "lock_ptr": "*i32",
                  **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
         "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2, "ROW_WARPS": row_warps,
+        "SCALED": scaled,
         "q_layout": K._frag_words3(16 * row_tiles * row_warps, warps, row_warps),
         "x_layout": K._x_copy_layout(warps, row_warps), "num_warps": warps,
     }  # fmt: skip
@@ -91,11 +93,13 @@ def main() -> None:
                       "down_proj, M = 3-8": (8, 8, 2, 3, 2),
                       "o_proj, M = 9-16": (16, 8, 1, 0, 1)}.items():  # fmt: skip
         report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
+        report("  the same, scaled decode", compile_xs(*cfg, scaled=True), cfg[4])
     # K groups of 2 and 4 warps over rows that share one copy of x's tiles
     for name, cfg in {"M = 16, 2 row warps": (16, 8, 1, 0, 1, 2),
                       "M = 16, 4 row warps": (16, 8, 1, 0, 1, 4),
                       "M = 32, 4 row warps": (32, 8, 1, 0, 1, 4)}.items():  # fmt: skip
         report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
+        report("  the same, scaled decode", compile_xs(*cfg, scaled=True), cfg[4])
 
 
 if __name__ == "__main__":

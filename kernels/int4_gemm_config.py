@@ -64,7 +64,9 @@ class Int4GemmConfig:
     that many warps over different rows that share its copies (``block_n`` is then their
     rows together, ``block_m`` at least twice ``row_warps``); ``maxnreg`` (also for
     ``wgmma`` with ``swap``) caps the registers per thread (ptxas's schedule changes with it:
-    0.5-0.8 us per call of the mma kernel at M <= 8 on the H200); ``num_stages`` K tiles of
+    0.5-0.8 us per call of the mma kernel at M <= 8 on the H200); ``scaled`` (with
+    ``x_smem``) decodes the weights with their scales and offsets applied, rounded once to x's
+    dtype, instead of a second mma on ones for x's group sums; ``num_stages`` K tiles of
     words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not
     apply, the swapped wgmma kernel runs instead.
     """
@@ -92,6 +94,7 @@ class Int4GemmConfig:
     x_smem: bool = False
     row_warps: int = 1
     maxnreg: int | None = None
+    scaled: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -109,6 +112,8 @@ class Int4GemmConfig:
             raise ValueError("wsplit applies to the mma strategy only")
         if self.x_smem and not self.wsplit:
             raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
+        if self.scaled and not self.x_smem:
+            raise ValueError("scaled applies to the mma strategy with x_smem=True only")
         if self.row_warps != 1 and not (
             self.x_smem
             and self.row_warps in (2, 4, 8)
@@ -206,6 +211,11 @@ _LARGE_WIDE = Int4GemmConfig(
 _WIDE_128 = _LARGE_PLAIN
 
 
+# Narrow weights whose 128-row x tiles overflow one wave at 128 < M <= 256 (qkv-sized):
+# 256 x 64, one program per multiprocessor.
+_NARROW_256 = Int4GemmConfig("wgmma", 256, 64, 128, 1, 4, 3, swap=True, specialized=True, pipe=True)
+
+
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
     128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64 (8 warps
@@ -230,7 +240,11 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     warp-specialized tiling keeps two wgmmas in flight above M = 128 (eighth session).
     From M = 33 to 64 registers are capped at 200 per thread, under which ptxas schedules
     the loop differently: 4096 x 6144 at M = 64 took 14.5 against 15.9 us, the other narrow
-    weights 0-2% less (fourteenth session, ``bench_int4_maxnreg.py``)."""
+    weights 0-2% less (fourteenth session, ``bench_int4_maxnreg.py``). Above M = 128, where
+    the 128-row x tiles alone (unsplit) make more programs than one wave but tiles of 256 rows
+    would not (qkv-sized weights), x tiles of 256 rows, warp-specialized, two wgmmas in
+    flight: 4096 x 6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us (fifteenth
+    session; BENCHMARKS.md, "INT4 GEMM")."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
@@ -241,6 +255,8 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
         if m <= 64 and k >= 8192:
             target *= 2
     split = _pow2_split(target, k, 128, 16)
+    if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
+        return _NARROW_256
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
     cap = 200 if 32 < m <= 64 else None
@@ -282,7 +298,9 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
       where two programs per multiprocessor hold every row (o_proj-sized, N <= 4096), else at
       80, which lets three fit (qkv-sized: 384 programs);
     - at M = 9-16 through shared memory, 8 warps: o_proj-sized ones with 16 rows, qkv-sized
-      ones with two row warps (32 rows, each K range's copy of x read by two warps).
+      ones with two row warps (32 rows, each K range's copy of x read by two warps) and the
+      scales applied in the decode (``scaled``: half the mmas; 4096 x 6144 at M = 16 9.8
+      against 10.6 us, fifteenth session; no gain on the other shapes or at M <= 8).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2
@@ -307,7 +325,7 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     if m <= 16:
         if n <= 4096:
             return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
-        return Int4GemmConfig("mma", 16, 32, 128, 1, 8, 1, row_warps=2, **smem)
+        return Int4GemmConfig("mma", 16, 32, 128, 1, 8, 1, row_warps=2, scaled=True, **smem)
     return None
 
 

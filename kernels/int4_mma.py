@@ -55,6 +55,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import (
     FRAG_TILE_K,
     Int4Weight,
@@ -347,19 +348,63 @@ def _int4_mma_kernel(
 
 
 @gluon.jit
-def _codes_frag3(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
-    """``_codes_frag`` for one K tile per warp: words q [W, R, 16] (warp w's rows in [w]) ->
-    codes BIAS + n [W, R, 128] in the batched mma A layout ``a_layout`` (registers renamed
-    only)."""
-    W: gl.constexpr = q.shape[0]
-    R: gl.constexpr = q.shape[1]
-    q4 = gl.reshape(q, [W, R, 4, 4])  # [warp, rows, t, b]
-    p0, p1, p2, p3 = _code_registers(q4, like, IS_BF16)
-    # [warp, rows, t, b, h, e, c] -> K order (b, c, e, t, h), as ``_frag_k_order``
+def _frag3_k_order(p0, p1, p2, p3, a_layout: gl.constexpr):
+    """The four registers j of every word of one K tile per warp, each [W, R, 4 (t), 4 (b),
+    2 (h)], -> [W, R, 128] in K order in the batched mma A layout ``a_layout`` (registers
+    renamed only; ``int4_wgmma._frag_k_order`` with a batch index)."""
+    W: gl.constexpr = p0.shape[0]
+    R: gl.constexpr = p0.shape[1]
+    # [warp, rows, t, b, h, e, c] -> K order (b, c, e, t, h)
     w = gl.join(gl.join(p0, p1), gl.join(p2, p3))
     w = gl.permute(w, (0, 1, 3, 6, 5, 2, 4))
     w = gl.reshape(w, [W, R, 128])
     return gl.convert_layout(w, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _codes_frag3(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
+    """``_codes_frag`` for one K tile per warp: words q [W, R, 16] (warp w's rows in [w]) ->
+    codes BIAS + n [W, R, 128] in the batched mma A layout ``a_layout`` (registers renamed
+    only)."""
+    q4 = gl.reshape(q, [q.shape[0], q.shape[1], 4, 4])  # [warp, rows, t, b]
+    p0, p1, p2, p3 = _code_registers(q4, like, IS_BF16)
+    return _frag3_k_order(p0, p1, p2, p3, a_layout)
+
+
+@gluon.jit
+def _decode_frag3(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
+    """Words q [W, R, 16] as ``_codes_frag3`` takes them and their tile's scales and offsets
+    s, o [W, R] (x's dtype, in q's layout less its last dimension) -> the weights n s + o
+    [W, R, 128] in ``a_layout``: per register one LOP3, one SUB (n exactly) and one FMA
+    (rounded once to x's dtype), with one SHR for three of a word's four registers
+    (``int4_tiles._DEQUANT_PTX_*``)."""
+    q4 = gl.reshape(q, [q.shape[0], q.shape[1], 4, 4])  # [warp, rows, t, b]
+    s4 = gl.reshape(gl.broadcast(gl.expand_dims(s, 2), q)[0], q4.shape)
+    o4 = gl.reshape(gl.broadcast(gl.expand_dims(o, 2), q)[0], q4.shape)
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(
+        asm=_DEQUANT_PTX_BF16 if IS_BF16 else _DEQUANT_PTX_F16,
+        constraints="=r,=r,=r,=r,r,r,r,r",
+        args=[gl.join(q4, q4), gl.join(s4, s4), gl.join(o4, o4)],
+        dtype=(s.dtype, s.dtype, s.dtype, s.dtype),
+        is_pure=True,
+        pack=2,
+    )
+    return _frag3_k_order(p0, p1, p2, p3, a_layout)
+
+
+@gluon.jit
+def _tile_scales(s_ptr, o_ptr, tile, rows, rows_ok, tiles_total, stride_s_g,
+                 GROUP_TILES: gl.constexpr, APPLY: gl.constexpr, dtype: gl.constexpr):  # fmt: skip
+    """The scales and offsets of K tile ``tile`` [W, 1] for weight rows ``rows`` [1, R] (in
+    their layout), in ``dtype``; zeros past K and N (the words there are zeros too)."""
+    if APPLY == 0:  # per channel: one row of scales
+        g_ptrs = rows + 0 * tile
+    else:
+        g_ptrs = (tile // GROUP_TILES) * stride_s_g + rows
+    ok = rows_ok & (tile < tiles_total)
+    s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(dtype)
+    o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(dtype)
+    return s, o
 
 
 @gluon.jit
@@ -390,6 +435,7 @@ def _int4_mma_xs_kernel(
     ROW_TILES: gl.constexpr,
     X_STAGES: gl.constexpr,  # x tiles in the shared ring (2: one ahead, 3: two ahead)
     ROW_WARPS: gl.constexpr,  # warps over rows that share each K group's x tiles
+    SCALED: gl.constexpr,  # the decode applies scale and offset: no mma on ones, no groups
     q_layout: gl.constexpr,  # of the words [K groups, ROWS, 16] (``_frag_words3``)
     x_layout: gl.constexpr,  # of x's copy [K groups, BLOCK_M, 128], 16 bytes per thread
     num_warps: gl.constexpr,
@@ -404,7 +450,12 @@ def _int4_mma_xs_kernel(
     With ROW_WARPS > 1 the batch is a K group of ROW_WARPS warps instead of one warp: the
     group's warps hold different rows (16 ROW_TILES each) over the same K range and read the
     same x tiles from the ring, which the group copies once, so the program covers
-    16 ROW_TILES ROW_WARPS rows and reads x from L2 once for all of them."""
+    16 ROW_TILES ROW_WARPS rows and reads x from L2 once for all of them.
+
+    With SCALED the decode gives the weights n s + o themselves, rounded once to x's dtype
+    (``_decode_frag3``: a SUB and an FMA more per register), each tile's scales and offsets
+    loaded with its words, so one mma per tile accumulates the output: the mma on ones and
+    the per-group fp32 sums go (half the mmas, which grow with M)."""
     K_WARPS: gl.constexpr = num_warps // ROW_WARPS
     ROWS: gl.constexpr = 16 * ROW_TILES * ROW_WARPS
     IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
@@ -438,6 +489,10 @@ def _int4_mma_xs_kernel(
     sr = off_n + gl.arange(0, ROWS, layout=gl.SliceLayout(0, acc_rows))
     s_tile0 = (split_tile0 + sw * tiles_per_warp)[:, None]
     s_rows_ok = (sr < N)[None, :]
+    # SCALED: the same [K group, row] in the words' layout, for the decode
+    d_tile0 = (split_tile0 + qw * tiles_per_warp)[:, None]
+    d_rows = qr[None, :]
+    d_rows_ok = (qr < N)[None, :]
 
     ring = gl.allocate_shared_memory(
         dtype,
@@ -458,13 +513,28 @@ def _int4_mma_xs_kernel(
         )
         async_copy.commit_group()
     q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0)
+    if SCALED:
+        s0, o0 = _tile_scales(s_ptr, o_ptr, d_tile0, d_rows, d_rows_ok, tiles_total, stride_s_g,
+                              GROUP_TILES, APPLY, dtype)  # fmt: skip
     if DEPTH == 2:
         q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+        if SCALED:
+            s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(1, last), d_rows,
+                                  d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
+                                  dtype)  # fmt: skip
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
             q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+            if SCALED:
+                s2, o2 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 2, last), d_rows,
+                                      d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
+                                      dtype)  # fmt: skip
         else:
             q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+            if SCALED:
+                s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 1, last), d_rows,
+                                      d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
+                                      dtype)  # fmt: skip
         async_copy.wait_group(X_STAGES - 2)  # this thread's copies of tile kt have landed
         gl.thread_barrier()  # everyone's; and everyone is done with tile kt - 1's slot
         ahead = gl.minimum(kt + X_STAGES - 1, last)
@@ -475,10 +545,13 @@ def _int4_mma_xs_kernel(
         )
         async_copy.commit_group()
         xv = ring.index(kt % X_STAGES).permute((0, 2, 1)).load(b_layout)
-        a = _codes_frag3(q0, ones, a_layout, IS_BF16)
-        part = mma_v2(a, xv, part)
-        xsum = mma_v2(ones, xv, xsum)
-        if APPLY != 0:
+        if SCALED:
+            acc = mma_v2(_decode_frag3(q0, s0, o0, a_layout, IS_BF16), xv, acc)
+        else:
+            a = _codes_frag3(q0, ones, a_layout, IS_BF16)
+            part = mma_v2(a, xv, part)
+            xsum = mma_v2(ones, xv, xsum)
+        if (APPLY != 0) & (not SCALED):
             if ((kt + 1) % APPLY == 0) | (kt == last):
                 tile = s_tile0 + kt
                 g_ptrs = (tile // GROUP_TILES) * stride_s_g + sr[None, :]
@@ -491,13 +564,17 @@ def _int4_mma_xs_kernel(
         if DEPTH == 2:
             q0 = q1
             q1 = q2
+            if SCALED:
+                s0, o0, s1, o1 = s1, o1, s2, o2
         else:
             q0 = q1
+            if SCALED:
+                s0, o0 = s1, o1
     # every thread's last copies (the ring's final, redundant ones) have landed before any
     # thread writes the reduction buffer, which may reuse the ring's shared memory
     async_copy.wait_group(0)
     gl.thread_barrier()
-    if APPLY == 0:  # per channel
+    if (APPLY == 0) & (not SCALED):  # per channel
         ok = s_rows_ok & (sw >= 0)[:, None]
         s = gl.load(s_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
         o = gl.load(o_ptr + sr[None, :] + 0 * sw[:, None], mask=ok, other=0.0).to(gl.float32)
@@ -639,6 +716,7 @@ def int4_mma(
     x_stages: int = 2,
     row_warps: int = 1,
     maxnreg: int | None = None,
+    scaled: bool = False,
     slots: bool = True,
     parts: int = 0,
 ) -> torch.Tensor:
@@ -660,7 +738,9 @@ def int4_mma(
     copy of x's tiles, so the program covers that many more rows per read of x. ``maxnreg``
     caps the registers per thread: ptxas spills the rest, and schedules the loop differently
     even where it needs fewer (on the H200 that, not occupancy, made the table's M <= 8 forms
-    8-17% faster: BENCHMARKS.md, "INT4 GEMM", fourteenth session). ``parts`` (measurement
+    8-17% faster: BENCHMARKS.md, "INT4 GEMM", fourteenth session). ``scaled`` (with
+    ``x_smem``): the decode applies each tile's scale and offset, rounding the weights once
+    to x's dtype, instead of a second mma on ones for x's group sums. ``parts`` (measurement
     only) leaves part of the work out: 1 the split-K reduction (each split stores its partial
     over the others'), 2 the math as well (the words are loaded and summed). Check
     ``int4_mma_ok`` first."""
@@ -674,6 +754,8 @@ def int4_mma(
         raise ValueError(f"row_tiles must be 1, 2 or 4, got {row_tiles}")
     if x_smem and not (wsplit and not weight.contiguous_x and parts == 0):
         raise ValueError("x_smem needs wsplit and fragment-ordered words (contiguous_x=False)")
+    if scaled and not x_smem:
+        raise ValueError("scaled applies with x_smem only")
     if x_stages not in (2, 3):
         raise ValueError(f"x_stages must be 2 or 3, got {x_stages}")
     if row_warps != 1 and not (
@@ -722,9 +804,10 @@ def int4_mma(
         common["maxnreg"] = maxnreg
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
-               num_warps, maxnreg, x.dtype, weight.scales.dtype)  # fmt: skip
+               num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype)  # fmt: skip
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
+            SCALED=scaled,
             q_layout=_frag_words3(rows, num_warps, row_warps),
             x_layout=_x_copy_layout(num_warps, row_warps), **common,
         )  # fmt: skip

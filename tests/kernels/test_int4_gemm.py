@@ -22,6 +22,7 @@ from kernels.int4_gemm_config import (  # noqa: E402
     _LARGE_PLAIN,
     _LARGE_PLAIN_FRAG,
     _LARGE_WIDE,
+    _NARROW_256,
     choose_config,
 )
 
@@ -431,6 +432,7 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
         pytest.skip("fragment order is for sm_90+")
     cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
     assert (cfg.maxnreg == 200) == (m == 48 and n <= 8192), cfg
+    assert (cfg == _NARROW_256) == (m == 200 and n == 4232), cfg  # 134 tiles of 128 x-rows
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -441,15 +443,16 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
 @pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
 @pytest.mark.parametrize("k", [2048, 1152])  # 16 K tiles; 9 (odd: no two wgmmas in flight)
 def test_large_m_tilings_and_their_fallback(k, frag):
-    """The swapped tilings the table runs above M = 256 (``_large_config``), on both word
-    orders, against the reference, eagerly and replayed in a CUDA graph; with fp32 x (which
-    the wgmma kernels do not take) the same configs fall back to dequantize + cuBLAS."""
+    """The swapped tilings the table runs above M = 256 (``_large_config``) and the 256-row
+    one of qkv-sized weights at M = 129-256 (``_NARROW_256``), on both word orders, against
+    the reference, eagerly and replayed in a CUDA graph; with fp32 x (which the wgmma kernels
+    do not take) the same configs fall back to dequantize + cuBLAS."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the swapped wgmma kernel is for sm_90+")
     canon = random_weight(1000 + 40, k, 128, seed=k)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     weight = canon.to_frag() if frag else canon
-    for config in (_LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN, _LARGE_WIDE):
+    for config in (_LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN, _LARGE_WIDE, _NARROW_256):
         for m in (257, 300, 513):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             out = int4_gemm(x, weight, config=config)

@@ -91,10 +91,13 @@ XS_CFGS = [(8, 4, 1, 2, 1, 2, 1), (16, 8, 1, 1, 2, 2, 1), (8, 2, 3, 2, 4, 3, 1),
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [128, 256, 1024])
 @pytest.mark.parametrize("cfg", XS_CFGS, ids=lambda c: "m{}w{}s{}d{}r{}x{}rw{}".format(*c))
-def test_x_through_shared_memory(dtype, group, cfg):
+@pytest.mark.parametrize("scaled", [False, True], ids=["ones", "scaled"])
+def test_x_through_shared_memory(dtype, group, cfg, scaled):
     """``x_smem``: the warps-over-K kernel as a batched mma, x's tiles copied into a shared
     ring and read back by ldmatrix, on fragment-ordered words in place (odd N, M across
-    several programs' x rows), with one warp or a group of row warps per K range."""
+    several programs' x rows), with one warp or a group of row warps per K range; the
+    scales applied per group to the sums of codes and of x, or in the decode (``scaled``;
+    group 1024 is per channel)."""
     block_m, warps, split, depth, row_tiles, x_stages, row_warps = cfg
     ref_w = random_weight(1037, 1024, group, seed=group + warps)
     ref_w = dataclasses.replace(
@@ -104,13 +107,14 @@ def test_x_through_shared_memory(dtype, group, cfg):
     for m in (1, 5, 16, 21):
         x = torch.randn(m, 1024, device="cuda", dtype=dtype)
         out = int4_mma(x, view, block_m, warps, split, depth, wsplit=True, row_tiles=row_tiles,
-                       x_smem=True, x_stages=x_stages, row_warps=row_warps)  # fmt: skip
+                       x_smem=True, x_stages=x_stages, row_warps=row_warps,
+                       scaled=scaled)  # fmt: skip
         assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} M={m} g={group}")
     x = torch.randn(3, 1152, device="cuda", dtype=dtype)  # 9 tiles: ranges past K read nothing
     ref_w = random_weight(203, 1152, 128, seed=5)
     out = int4_mma(x, to_mma(ref_w.to_frag(), contiguous_x=False), block_m, warps, split, depth,
                    wsplit=True, row_tiles=row_tiles, x_smem=True, x_stages=x_stages,
-                   row_warps=row_warps)  # fmt: skip
+                   row_warps=row_warps, scaled=scaled)  # fmt: skip
     assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} K=1152")
 
 
@@ -168,6 +172,8 @@ def test_rejects_what_it_cannot_run():
         int4_mma(x, to_mma(weight, contiguous_x=False), x_smem=True)
     with pytest.raises(ValueError, match="x_stages"):
         int4_mma(x, to_mma(weight), x_stages=4)
+    with pytest.raises(ValueError, match="scaled"):
+        int4_mma(x, to_mma(weight), scaled=True)  # without x_smem
     frag = to_mma(weight, contiguous_x=False)
     with pytest.raises(ValueError, match="row_warps"):
         int4_mma(x, frag, num_warps=8, wsplit=True, row_warps=2)  # without x_smem
@@ -194,10 +200,10 @@ def test_to_mma_from_fragment_order():
 def test_table_runs_fragment_order_on_mma_at_small_m():
     """``int4_gemm``'s table sends small M on a fragment-ordered weight with N <= 8192 to the
     register mma kernel (reading the words in place): K < 8192 through shared memory up to
-    M = 16, with registers capped at 96 (N <= 4224) or 80 up to M = 8 and two row warps at
-    M = 9-16 for N > 4096; down_proj-sized ones (K >= 8192) in place at M <= 2 and through
-    shared memory at 3-8. Eagerly, from a CUDA graph, and with fp32 x (which it does not
-    take: the swapped kernel's path runs)."""
+    M = 16, with registers capped at 96 (N <= 4224) or 80 up to M = 8 and two row warps and
+    the scales in the decode at M = 9-16 for N > 4096; down_proj-sized ones (K >= 8192) in
+    place at M <= 2 and through shared memory at 3-8. Eagerly, from a CUDA graph, and with
+    fp32 x (which it does not take: the swapped kernel's path runs)."""
     cuda = torch.device("cuda")
     for n, seed, cases in [
         (2056, 21, [(1, 16, 1, 96), (2, 16, 1, 96), (8, 16, 1, 96), (9, 16, 1, None),
@@ -210,6 +216,7 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
             cfg = choose_config(m, n, 1024, 128, cuda, frag=True)
             assert cfg.strategy == "mma" and cfg.x_smem, (m, cfg)
             assert (cfg.block_n, cfg.row_warps, cfg.maxnreg) == (rows, row_warps, cap), (m, cfg)
+            assert cfg.scaled == (row_warps == 2), (m, cfg)
             x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
             want = int4_gemm_ref(x, ref_w)
             assert_close(int4_gemm(x, weight), want, torch.bfloat16, f"N={n} M={m}")
@@ -281,6 +288,8 @@ def test_config_checks():
     with pytest.raises(ValueError, match="row_warps"):
         Int4GemmConfig("mma", 8, 64, num_warps=8, num_stages=1, wsplit=True, x_smem=True,
                        row_warps=8)  # fmt: skip  # 8 x rows for 8 row warps' copies
+    with pytest.raises(ValueError, match="scaled"):
+        Int4GemmConfig("mma", block_n=16, num_stages=1, wsplit=True, scaled=True)  # no x_smem
     with pytest.raises(ValueError, match="maxnreg"):
         Int4GemmConfig("gemv", maxnreg=80)
     with pytest.raises(ValueError, match="maxnreg"):
