@@ -300,7 +300,10 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     - at M = 9-16 through shared memory, 8 warps: o_proj-sized ones with 16 rows, qkv-sized
       ones with two row warps (32 rows, each K range's copy of x read by two warps) and the
       scales applied in the decode (``scaled``: half the mmas; 4096 x 6144 at M = 16 9.8
-      against 10.6 us, fifteenth session; no gain on the other shapes or at M <= 8).
+      against 10.6 us, fifteenth session; no gain on the other shapes or at M <= 8);
+    - o_proj-sized ones at M = 17-32 the same (two row warps, scaled) in x tiles of 16 rows,
+      registers capped at 128: 4096 x 4096 at M = 24 / 32 9.4 / 9.5 against 9.8 / 10.0 us on
+      the swapped kernel (fifteenth session; qkv-sized ones stay there: 13.5 against 12.3).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2
@@ -326,6 +329,10 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
         if n <= 4096:
             return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
         return Int4GemmConfig("mma", 16, 32, 128, 1, 8, 1, row_warps=2, scaled=True, **smem)
+    if m <= 32 and n <= 4096:
+        return Int4GemmConfig(
+            "mma", 16, 32, 128, 1, 8, 1, row_warps=2, scaled=True, maxnreg=128, **smem
+        )
     return None
 
 

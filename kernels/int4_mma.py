@@ -1,12 +1,15 @@
 """W4A16 GEMM for small M: the weight's words loaded straight into registers and multiplied by
 ``mma.sync`` (Gluon), no shared memory ring, no barriers in the loop. The table of
 ``kernels.int4_gemm_config`` runs it on weights with N <= 8192 held in fragment order up to
-M = 8, and to M = 16 where K < 8192 (``_mma_config``: the warps of a program split K); on
+M = 8, and to M = 16 where K < 8192, 32 where N <= 4096 as well (``_mma_config``: the warps
+of a program split K); on
 the H200 that made qkv, o_proj and down_proj 1.1-1.25x faster at M = 1 than the gemv and the
 swapped wgmma kernel they ran on before (BENCHMARKS.md, "INT4 GEMM", twelfth session); its
 form with x through shared memory (``_int4_mma_xs_kernel``) made qkv 1.06-1.3x faster at
 M = 1-8 and o_proj 1.16-1.37x at M = 4-16 (thirteenth session), and with registers capped
-(``maxnreg``) another 8-17% at M <= 8 on qkv and o_proj (fourteenth session).
+(``maxnreg``) another 8-17% at M <= 8 on qkv and o_proj (fourteenth session); with the
+scales applied in the decode (``SCALED``, half the mmas) qkv 6-8% at M = 9-16 and o_proj
+4-5% at M = 17-32 (fifteenth session).
 ``parts`` times its pieces apart (``benchmarks/bench_int4_mma.py --parts``).
 
 ``y = x @ dequant(W)^T`` for 16-bit x [M, K], M up to a few dozen, on an ``Int4MmaWeight``

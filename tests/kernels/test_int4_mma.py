@@ -201,13 +201,15 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
     """``int4_gemm``'s table sends small M on a fragment-ordered weight with N <= 8192 to the
     register mma kernel (reading the words in place): K < 8192 through shared memory up to
     M = 16, with registers capped at 96 (N <= 4224) or 80 up to M = 8 and two row warps and
-    the scales in the decode at M = 9-16 for N > 4096; down_proj-sized ones (K >= 8192) in
-    place at M <= 2 and through shared memory at 3-8. Eagerly, from a CUDA graph, and with
+    the scales in the decode at M = 9-16 for N > 4096 (and at M = 17-32, 16 x rows per
+    program, for N <= 4096); down_proj-sized ones (K >= 8192) in place at M <= 2 and through
+    shared memory at 3-8. Eagerly, from a CUDA graph, and with
     fp32 x (which it does not take: the swapped kernel's path runs)."""
     cuda = torch.device("cuda")
     for n, seed, cases in [
         (2056, 21, [(1, 16, 1, 96), (2, 16, 1, 96), (8, 16, 1, 96), (9, 16, 1, None),
                     (16, 16, 1, None)]),
+        (2056, 26, [(17, 32, 2, 128), (27, 32, 2, 128), (32, 32, 2, 128)]),
         (4232, 25, [(1, 16, 1, 80), (5, 16, 1, 80), (9, 32, 2, None), (16, 32, 2, None)]),
     ]:  # fmt: skip
         ref_w = random_weight(n, 1024, 128, seed=seed)
@@ -223,9 +225,9 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
     ref_w = random_weight(2056, 1024, 128, seed=21)
     weight = ref_w.to_frag()
     for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (16, 6144, 4096, True),
-                         (17, 6144, 4096, False), (17, 2056, 1024, False), (2, 4096, 14336, True),
+                         (17, 6144, 4096, False), (17, 2056, 1024, True), (2, 4096, 14336, True),
                          (8, 4096, 14336, True), (9, 4096, 14336, False),
-                         (1, 28672, 4096, False)]:  # fmt: skip
+                         (33, 2056, 1024, False), (1, 28672, 4096, False)]:  # fmt: skip
         assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
     ref_k = random_weight(520, 8192, 128, seed=24)  # K >= 8192: split-K 2 through smem at M = 5
     cfg = choose_config(5, 520, 8192, 128, cuda, frag=True)
@@ -233,7 +235,7 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
     assert not choose_config(2, 520, 8192, 128, cuda, frag=True).x_smem
     x = torch.randn(5, 8192, device="cuda", dtype=torch.bfloat16)
     assert_close(int4_gemm(x, ref_k.to_frag()), int4_gemm_ref(x, ref_k), torch.bfloat16, "K=8192")
-    assert choose_config(17, 2056, 1024, 128, cuda, frag=True).swap
+    assert choose_config(33, 2056, 1024, 128, cuda, frag=True).swap
     x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
