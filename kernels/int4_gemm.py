@@ -44,6 +44,7 @@ from kernels.int4_gemm_config import (
     Int4GemmConfig,
     _narrow_swap,
     choose_config,
+    pad_rows,
     wgmma_fallback,
 )
 from kernels.int4_tiles import (
@@ -815,10 +816,18 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
         return _launch_mm(x, weight, cfg)
     if cfg.strategy == "wgmma":
         if cfg.swap and int4_wgmma is not None and wgmma_swap_ok(x, weight, cfg.block_k):
-            return int4_wgmma_swap(
+            m = x.shape[0]
+            pad = pad_rows(m, cfg)
+            if pad:  # whole x tiles (``pad_rows``); a row past M reaches only its own output
+                # row, which is cut off, so the added rows are left as they come
+                x_pad = x.new_empty(m + pad, x.shape[1])
+                x_pad[:m].copy_(x)
+                x = x_pad
+            out = int4_wgmma_swap(
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
                 cfg.num_warps, cfg.specialized, pipe=cfg.pipe, pdl=cfg.pdl, maxnreg=cfg.maxnreg,
             )  # fmt: skip
+            return out[:m] if pad else out
         # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads fragment-ordered words,
         # and above M = 256 it is what the table took before the swapped kernel ran there
         if weight.frag or x.shape[0] > 256:

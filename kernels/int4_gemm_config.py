@@ -285,6 +285,24 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     return min(costs, key=costs.get)
 
 
+def pad_rows(m: int, cfg: Int4GemmConfig) -> int:
+    """Rows of x to add before the swapped wgmma kernel runs ``cfg``: its x tile is a
+    TMA box of ``block_m`` rows, and a box that reaches far past M made the call up to 2.4x
+    slower on the H200 (the zero fill of its out-of-bounds rows; fifteenth session,
+    ``bench_int4_ragged.py``: 14336 x 4096 at M = 136 121.1 us against 47.5 on x padded to
+    256 rows, 51.1 with the copy). So x is copied into a buffer of whole tiles where the last
+    tile has at least 48 rows past M (24 for the tilings that are not warp-specialized, two
+    programs per multiprocessor; 96 for those with 128 weight rows, twice the products per
+    byte of x), which was faster wherever the copy (1.5-3 us below M = 256) was not; at
+    fewer rows past M the fill cost less than the copy (4096 x 6144 at M = 96: 19.8 us
+    against 21.4 padded). 0 for every other strategy."""
+    if not (cfg.strategy == "wgmma" and cfg.swap) or cfg.block_m < 128:
+        return 0
+    past = -m % cfg.block_m
+    least = 24 if not cfg.specialized else 48 * cfg.block_n // 64
+    return past if past >= least else 0
+
+
 def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     """Small M on a fragment-ordered weight with N <= 8192: the register mma kernel where it
     led the swapped kernel on the H200, else None. Its warps split K (``wsplit``), launched

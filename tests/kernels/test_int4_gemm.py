@@ -24,6 +24,7 @@ from kernels.int4_gemm_config import (  # noqa: E402
     _LARGE_WIDE,
     _NARROW_256,
     choose_config,
+    pad_rows,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -437,6 +438,52 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     assert_graph_replays(x, canon.to_frag(), canon, f"frag table M={m} N={n} K={k}")
+
+
+def test_pad_rows_rule():
+    """``pad_rows``: whole x tiles for the swapped kernel where the last tile reaches at least
+    48 rows past M (24 without warp specialization, 96 with 128 weight rows), as measured on
+    the H200; nothing for the other kernels or a short overhang."""
+    cpu = torch.device("cpu")
+    for m, n, k, want in [
+        (72, 6144, 4096, 56),  # 128 x 64, warp-specialized: 56 rows past M
+        (96, 6144, 4096, 0),  # 32 past: the fill cost less than the copy
+        (136, 6144, 4096, 120),  # _NARROW_256
+        (224, 6144, 4096, 0),
+        (96, 28672, 4096, 32),  # 128 x 64 not warp-specialized: 24 suffice
+        (120, 28672, 4096, 0),
+        (160, 28672, 4096, 96),  # 256 x 128: 96 past M
+        (192, 28672, 4096, 0),
+        (1000, 4096, 4096, 0),  # 24 past a 256-row tile
+        (16, 6144, 4096, 0),  # the mma kernel
+        (40, 6144, 4096, 0),  # 64-row tiles: no slowdown measured
+    ]:
+        cfg = choose_config(m, n, k, 128, cpu, frag=True)
+        assert pad_rows(m, cfg) == want, (m, n, k, cfg)
+    assert pad_rows(300, Int4GemmConfig("dequant")) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192)])
+def test_padded_rows_never_reach_the_output(m, n, k):
+    """Where the table pads x to whole tiles (``pad_rows``), the added rows are left as the
+    allocator hands them over: here a block just filled with NaN. The output holds only x's
+    rows, agrees with the reference, eagerly and replayed from a CUDA graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the swapped wgmma kernel is for sm_90+")
+    cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
+    pad = pad_rows(m, cfg)
+    assert pad > 0, cfg
+    canon = random_weight(n, k, 128, seed=m)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    weight = canon.to_frag()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    poison = torch.full((m + pad, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+    del poison  # its block goes back to the cache, where the padded copy of x is taken from
+    out = int4_gemm(x, weight)
+    assert out.shape == (m, n) and out.is_contiguous()
+    assert_close(out, int4_gemm_ref(x, canon), torch.bfloat16, f"padded M={m} N={n}")
+    assert_graph_replays(x, weight, canon, f"padded M={m} N={n}, graph")
 
 
 @pytest.mark.gpu
