@@ -2,11 +2,12 @@
 old table against the current one in the same device session.
 
     git show REV:kernels/int4_gemm_config.py > /tmp/old_config.py
-    python3 benchmarks/with_int4_table.py /tmp/old_config.py benchmarks/bench_int4_decode.py \\
-        --batches 1 --prefill 16 --prefill-len 1024 --batched-tokens 1024
+    python3 benchmarks/with_int4_table.py [--no-pad] /tmp/old_config.py \\
+        benchmarks/bench_int4_decode.py --batches 1 --prefill 16 --prefill-len 1024
 
 The old module's configs are rebuilt as the current ``Int4GemmConfig`` (fields it lacks keep
-their defaults); the kernels are the current ones.
+their defaults); the kernels are the current ones. ``--no-pad``: the launcher does not pad x
+to whole tiles of the swapped kernel (``pad_rows``), as before the fifteenth session.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ import kernels.int4_gemm as int4_gemm  # noqa: E402
 
 
 def main() -> None:
-    if len(sys.argv) < 3:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--no-pad"]:
+        argv = argv[1:]
+        int4_gemm.pad_rows = lambda m, cfg: 0
+    if len(argv) < 2:
         raise SystemExit(__doc__)
-    config_file, script, *args = sys.argv[1:]
+    config_file, script, *args = argv
     spec = importlib.util.spec_from_file_location("old_int4_gemm_config", config_file)
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old  # dataclasses look their module up
