@@ -58,7 +58,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import (
     FRAG_TILE_K,
     Int4Weight,
@@ -67,7 +66,12 @@ from kernels.int4_weight import (
     pack_words,
     unpack_words,
 )
-from kernels.int4_wgmma import _frag_k_order, _frag_words_layout, _swap_epilogue
+from kernels.int4_wgmma import (
+    _dequant_registers,
+    _frag_k_order,
+    _frag_words_layout,
+    _swap_epilogue,
+)
 from kernels.launch import FastLaunch
 from kernels.pdl import _capability_major, has_pdl
 from kernels.split_k import split_k_output
@@ -382,16 +386,8 @@ def _decode_frag3(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     (rounded once to x's dtype), with one SHR for three of a word's four registers
     (``int4_tiles._DEQUANT_PTX_*``)."""
     q4 = gl.reshape(q, [q.shape[0], q.shape[1], 4, 4])  # [warp, rows, t, b]
-    s4 = gl.reshape(gl.broadcast(gl.expand_dims(s, 2), q)[0], q4.shape)
-    o4 = gl.reshape(gl.broadcast(gl.expand_dims(o, 2), q)[0], q4.shape)
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(
-        asm=_DEQUANT_PTX_BF16 if IS_BF16 else _DEQUANT_PTX_F16,
-        constraints="=r,=r,=r,=r,r,r,r,r",
-        args=[gl.join(q4, q4), gl.join(s4, s4), gl.join(o4, o4)],
-        dtype=(s.dtype, s.dtype, s.dtype, s.dtype),
-        is_pure=True,
-        pack=2,
-    )
+    p0, p1, p2, p3 = _dequant_registers(q4, gl.expand_dims(s, 2), gl.expand_dims(o, 2), q,
+                                        IS_BF16)  # fmt: skip
     return _frag3_k_order(p0, p1, p2, p3, a_layout)
 
 

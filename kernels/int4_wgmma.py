@@ -261,9 +261,19 @@ def _decode_frag(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
     R: gl.constexpr = q.shape[0]
     T: gl.constexpr = q.shape[1] // 16
     q4 = gl.reshape(q, [R, T, 4, 4])  # [rows, tile, t, b]
-    s4 = gl.reshape(gl.broadcast(gl.expand_dims(s, 1), q)[0], [R, T, 4, 4])
-    o4 = gl.reshape(gl.broadcast(gl.expand_dims(o, 1), q)[0], [R, T, 4, 4])
-    p0, p1, p2, p3 = gl.inline_asm_elementwise(
+    p0, p1, p2, p3 = _dequant_registers(q4, gl.expand_dims(s, 1), gl.expand_dims(o, 1), q,
+                                        IS_BF16)  # fmt: skip
+    return _frag_k_order(p0, p1, p2, p3, a_layout)
+
+
+@gluon.jit
+def _dequant_registers(q4, s, o, q, IS_BF16: gl.constexpr):
+    """Words q4 [..., 4 (t), 4 (b)] (``q`` [..., 16] reshaped) and their rows' scales and
+    offsets s, o ([..., 1], broadcast against ``q``) -> the four registers j of every word as
+    q * s + o, each [..., 4, 4, 2 (h)] (``_DEQUANT_PTX_*``: nibbles j and j + 4)."""
+    s4 = gl.reshape(gl.broadcast(s, q)[0], q4.shape)
+    o4 = gl.reshape(gl.broadcast(o, q)[0], q4.shape)
+    return gl.inline_asm_elementwise(
         asm=_DEQUANT_PTX_BF16 if IS_BF16 else _DEQUANT_PTX_F16,
         constraints="=r,=r,=r,=r,r,r,r,r",
         args=[gl.join(q4, q4), gl.join(s4, s4), gl.join(o4, o4)],
@@ -271,7 +281,6 @@ def _decode_frag(q, s, o, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
         is_pure=True,
         pack=2,
     )
-    return _frag_k_order(p0, p1, p2, p3, a_layout)
 
 
 @gluon.jit
