@@ -243,8 +243,9 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     weights 0-2% less (fourteenth session, ``bench_int4_maxnreg.py``). Above M = 128, where
     the 128-row x tiles alone (unsplit) make more programs than one wave but tiles of 256 rows
     would not (qkv-sized weights), x tiles of 256 rows, warp-specialized, two wgmmas in
-    flight: 4096 x 6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us (fifteenth
-    session; BENCHMARKS.md, "INT4 GEMM")."""
+    flight: 4096 x 6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us, and 29.0 at
+    M = 160 once x was padded to the whole tile (``pad_rows``; fifteenth session, BENCHMARKS.md,
+    "INT4 GEMM")."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
