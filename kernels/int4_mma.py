@@ -552,12 +552,10 @@ def _int4_mma_xs_kernel(
             xsum = mma_v2(ones, xv, xsum)
         if (APPLY != 0) & (not SCALED):
             if ((kt + 1) % APPLY == 0) | (kt == last):
-                tile = s_tile0 + kt
-                g_ptrs = (tile // GROUP_TILES) * stride_s_g + sr[None, :]
-                ok = s_rows_ok & (tile < tiles_total)
-                s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
-                o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
-                acc += part * s[:, :, None] + xsum * o[:, :, None]
+                s, o = _tile_scales(s_ptr, o_ptr, s_tile0 + kt, sr[None, :], s_rows_ok,
+                                    tiles_total, stride_s_g, GROUP_TILES, APPLY,
+                                    gl.float32)  # fmt: skip
+                acc += part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
                 part = zeros
                 xsum = zeros
         if DEPTH == 2:
