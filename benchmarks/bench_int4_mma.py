@@ -8,6 +8,7 @@ that exceed L2, median time per call).
     python3 benchmarks/bench_int4_mma.py --frag --x-smem --row-tiles 1,2,4 --launch pdl
     python3 benchmarks/bench_int4_mma.py --frag --x-smem --row-warps 1,2,4,8 --x-stages 2 \
         --launch pdl --rows 8,16,32
+    python3 benchmarks/bench_int4_mma.py --frag --x-smem --launch pdl,first --rows 1,8,16
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
@@ -39,12 +40,20 @@ from tqdm import tqdm  # noqa: E402
 from kernels.int4_gemm import int4_gemm, int4_gemm_ref  # noqa: E402
 from kernels.int4_mma import int4_mma, to_mma  # noqa: E402
 
+# --launch: plain launches, programmatic dependents that wait on entry, and dependents that
+# issue their first words before they wait (``weights_first``)
+LAUNCHES = {
+    "plain": dict(pdl=False),
+    "pdl": dict(pdl=True),
+    "first": dict(pdl=True, weights_first=True),
+}
+
 
 def candidates(
     m: int,
     short: bool = False,
     row_tiles: tuple[int, ...] = (1,),
-    pdl=(False, True),
+    pdl=(dict(pdl=False), dict(pdl=True)),
     x_smem: bool = False,
     warps: tuple[int, ...] = (8, 16),
     x_stages: tuple[int, ...] = (2, 3),
@@ -52,13 +61,12 @@ def candidates(
     maxnreg: tuple[int, ...] = (0,),
     scaled: tuple[bool, ...] = (False,),
 ) -> list[dict]:
-    """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
-    1-4), 1 or 2 tiles ahead, plain or dependent launches (``pdl``), each with every count
-    of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them,
-    split-K 1 or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them
-    in K groups of each of ``row_warps`` warps over rows, registers capped at each of
-    ``maxnreg`` per thread (0: no cap), the decode applying the scales or not (``scaled``),
-    ``x_stages`` tiles in its ring, 32
+    """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K 1-4), 1
+    or 2 tiles ahead, each of the launches in ``pdl`` (``LAUNCHES``' values), each with every count
+    of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them, split-K 1
+    or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them in K groups of
+    each of ``row_warps`` warps over rows, registers capped at each of ``maxnreg`` per thread (0: no
+    cap), the decode applying the scales or not (``scaled``), ``x_stages`` tiles in its ring, 32
     rows of x per program as well from M = 32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
@@ -69,7 +77,7 @@ def candidates(
                 num_warps=w,
                 split_k=s,
                 depth=d,
-                pdl=p,
+                **p,
                 wsplit=True,
                 row_tiles=r,
                 x_smem=True,
@@ -100,7 +108,7 @@ def candidates(
         shapes = [(w, s, False) for w in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)]
         shapes += [(w, s, True) for w in (2, 4, 8, 16) for s in (1, 2, 4)]
     return [
-        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, pdl=p, wsplit=ws, row_tiles=r)
+        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, wsplit=ws, row_tiles=r, **p)
         for w, s, ws in shapes
         for d in (1, 2)
         for p in pdl
@@ -193,7 +201,11 @@ def main() -> None:
     parser.add_argument("--pdl", action="store_true", help="--parts: dependent launches")
     parser.add_argument("--frag", action="store_true", help="fragment-ordered words in place")
     parser.add_argument("--row-tiles", default="1", help="16-row tiles per warp to try: 1,2,4")
-    parser.add_argument("--launch", choices=("both", "plain", "pdl"), default="both")
+    parser.add_argument(
+        "--launch",
+        default="plain,pdl",
+        help="launches to try: plain, pdl, first (pdl, weights_first)",
+    )
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
     parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
@@ -204,7 +216,7 @@ def main() -> None:
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
         row_tiles=ints(args.row_tiles),
-        pdl={"both": (False, True), "plain": (False,), "pdl": (True,)}[args.launch],
+        pdl=tuple(LAUNCHES[v] for v in args.launch.split(",")),
         x_smem=args.x_smem,
         warps=ints(args.warps),
         x_stages=ints(args.x_stages),

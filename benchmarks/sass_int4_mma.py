@@ -10,7 +10,8 @@ device's Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6
 Configs: the table's M = 1 form (8 x rows, 16 warps over K, one tile ahead, one split) and an
 M = 16 form (16 x rows, 8 warps over K, two tiles ahead, split-K in slots), each with one and
 two row tiles per warp, and the table's forms with x through shared memory
-(``_int4_mma_xs_kernel``); bf16, groups of 128.
+(``_int4_mma_xs_kernel``), and four of them with ``weights_first`` (``PDL`` 2); bf16, groups
+of 128.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ ALIGNED = {"N", "stride_x_m", "stride_qw_n", "stride_s_g", "stride_out_m"}
 
 
 def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: bool,
-                row_tiles: int = 1) -> bytes:  # fmt: skip
+                row_tiles: int = 1, pdl: int = 1) -> bytes:  # fmt: skip
     """The sm_90 cubin of ``_int4_mma_kernel`` (warps over K) for one config, with the hints
     Triton's specialization gives the launcher's tensors and strides on the GPU."""
     signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
@@ -44,7 +45,7 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
                  **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
-        "PDL": True, "WSPLIT": True, "ROW_TILES": row_tiles, "X_CONTIG": contiguous_x,
+        "PDL": pdl, "WSPLIT": True, "ROW_TILES": row_tiles, "X_CONTIG": contiguous_x,
         "q_layout": _frag_words_layout(16 * warps * row_tiles, 16, warps),
         "x_layout": K._x_tile_layout(block_m, warps), "num_warps": warps, "PARTS": 0,
     }  # fmt: skip
@@ -53,7 +54,7 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
 
 
 def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int,
-               row_warps: int = 1, scaled: bool = False) -> bytes:  # fmt: skip
+               row_warps: int = 1, scaled: bool = False, pdl: int = 1) -> bytes:  # fmt: skip
     """The sm_90 cubin of ``_int4_mma_xs_kernel`` (x through shared memory, two ring stages;
     ``scaled``: the decode applies scales and offsets, no mma on ones)."""
     signature = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "o_ptr": "*bf16",
@@ -61,7 +62,7 @@ def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int,
                  **dict.fromkeys(INTS, "i32")}  # fmt: skip
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
-        "PDL": True, "ROW_TILES": row_tiles, "X_STAGES": 2, "ROW_WARPS": row_warps,
+        "PDL": pdl, "ROW_TILES": row_tiles, "X_STAGES": 2, "ROW_WARPS": row_warps,
         "SCALED": scaled,
         "q_layout": K._frag_words3(16 * row_tiles * row_warps, warps, row_warps),
         "x_layout": K._x_copy_layout(warps, row_warps), "num_warps": warps,
@@ -100,6 +101,14 @@ def main() -> None:
                       "M = 32, 4 row warps": (32, 8, 1, 0, 1, 4)}.items():  # fmt: skip
         report(f"x through shared memory, {name}", compile_xs(*cfg), cfg[4])
         report("  the same, scaled decode", compile_xs(*cfg, scaled=True), cfg[4])
+    # ``weights_first`` (PDL 2): the first tiles' words issued before the wait on the
+    # previous kernel
+    report("weights first, M = 1, fragment order", compile_mma(8, 16, 1, 0, False, pdl=2), 1)
+    report("weights first, M = 1, 2 tiles ahead", compile_mma(8, 16, 2, 0, False, pdl=2), 1)
+    report("weights first, x through shared memory, qkv, M <= 8",
+           compile_xs(8, 8, 1, 0, 1, pdl=2), 1)  # fmt: skip
+    report("weights first, x through shared memory, M = 16, 2 row warps, scaled",
+           compile_xs(16, 8, 1, 0, 1, 2, scaled=True, pdl=2), 1)  # fmt: skip
 
 
 if __name__ == "__main__":

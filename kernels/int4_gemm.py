@@ -796,8 +796,8 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
             weight.memo["mma",] = view
         return int4_mma(
             x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
-            wsplit=cfg.wsplit, row_tiles=cfg.row_tiles, x_smem=cfg.x_smem,
-            row_warps=cfg.row_warps, maxnreg=cfg.maxnreg, scaled=cfg.scaled,
+            weights_first=cfg.weights_first, wsplit=cfg.wsplit, row_tiles=cfg.row_tiles,
+            x_smem=cfg.x_smem, row_warps=cfg.row_warps, maxnreg=cfg.maxnreg, scaled=cfg.scaled,
         )  # fmt: skip
     m, n = x.shape[0], weight.out_features
     if weight.frag:

@@ -67,8 +67,10 @@ class Int4GemmConfig:
     0.5-0.8 us per call of the mma kernel at M <= 8 on the H200); ``scaled`` (with
     ``x_smem``) decodes the weights with their scales and offsets applied, rounded once to x's
     dtype, instead of a second mma on ones for x's group sums; ``num_stages`` K tiles of
-    words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; where it does not
-    apply, the swapped wgmma kernel runs instead.
+    words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; ``weights_first``
+    (with ``pdl``) issues those tiles of words and scales before it waits on the previous
+    kernel, and reads x only after (weights are read-only: ``kernels.pdl``); where it does
+    not apply, the swapped wgmma kernel runs instead.
     """
 
     strategy: str
@@ -95,6 +97,7 @@ class Int4GemmConfig:
     row_warps: int = 1
     maxnreg: int | None = None
     scaled: bool = False
+    weights_first: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -141,6 +144,8 @@ class Int4GemmConfig:
                 "the mma strategy gives each warp 16, 32 or 64 weight rows: block_n must be "
                 f"that{'' if self.wsplit else ' times num_warps'}, got {self.block_n}"
             )
+        if self.weights_first and not (self.strategy == "mma" and self.pdl):
+            raise ValueError("weights_first applies to the mma strategy with pdl=True only")
         if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:
@@ -332,12 +337,14 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     against 15.6 / 15.7."""
     if n > 8192:
         return None
-    smem = dict(pdl=True, wsplit=True, x_smem=True)
+    smem = dict(pdl=True, weights_first=True, wsplit=True, x_smem=True)
     two_per_sm = -(-n // 16) <= 2 * _ONE_WAVE  # programs of 16 rows, two per multiprocessor
     if k >= 8192:
         if m <= 2:
             warps = 16 if two_per_sm else 8
-            return Int4GemmConfig("mma", 8, 16, 128, 1, warps, 1, pdl=True, wsplit=True)
+            return Int4GemmConfig(
+                "mma", 8, 16, 128, 1, warps, 1, pdl=True, weights_first=True, wsplit=True
+            )
         if m <= 8:
             return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
         return None

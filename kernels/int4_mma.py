@@ -182,12 +182,14 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
                   PDL: gl.constexpr):  # fmt: skip
     """(pid, pid_k, off_n, off_m, first K tile) of this program: ROWS weight rows by BLOCK_M
     rows of x, weight rows fastest, over split pid_k. With PDL the next kernel may launch at
-    once, and nothing is read before this one's inputs are written."""
+    once; PDL 1 waits here for the previous one, so nothing is read before this one's inputs
+    are written; PDL 2 leaves the wait to the caller (``_wait_after_words``)."""
     pid = gl.program_id(0)
     pid_k = gl.program_id(1)
     num_pid_n = gl.cdiv(N, ROWS)
-    if PDL:
+    if PDL != 0:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL == 1:
         tl.extra.cuda.gdc_wait()
     return (
         pid,
@@ -196,6 +198,16 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
         (pid // num_pid_n) * BLOCK_M,
         pid_k * tiles_per_split,
     )
+
+
+@gluon.jit
+def _wait_after_words(PDL: gl.constexpr):
+    """With PDL 2 (``weights_first``) the program has issued its first tiles' words (and
+    scales) and now waits for the previous kernel before it reads x or touches the output or
+    the split-K workspace: the weight is read-only once built (``kernels.pdl``), so its
+    first bytes stream in while the previous kernel finishes."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_wait()
 
 
 @gluon.jit
@@ -244,7 +256,7 @@ def _int4_mma_kernel(
     APPLY: gl.constexpr,  # K tiles between scale applications (a group or 1); 0: per channel
     DEPTH: gl.constexpr,  # K tiles of words in flight ahead of the one decoded (1 or 2)
     MODE: gl.constexpr,  # split-K epilogue, as int4_tiles._epilogue
-    PDL: gl.constexpr,  # launched as a programmatic dependent: wait before reading anything
+    PDL: gl.constexpr,  # programmatic dependent: 1 waits on entry, 2 after the first words
     WSPLIT: gl.constexpr,  # the warps split the program's K range over its 16 ROW_TILES rows
     ROW_TILES: gl.constexpr,  # 16-row tiles per warp, multiplied by the same x fragments
     X_CONTIG: gl.constexpr,  # words in ``mma_order`` (else fragment order): x read contiguously
@@ -314,6 +326,7 @@ def _int4_mma_kernel(
     q0 = _load_words(row_ptrs, q_tile0, tiles_total, 0)
     if DEPTH == 2:
         q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+    _wait_after_words(PDL)
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
             q2 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
@@ -404,6 +417,18 @@ def _tile_scales(s_ptr, o_ptr, tile, rows, rows_ok, tiles_total, stride_s_g,
     s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(dtype)
     o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(dtype)
     return s, o
+
+
+@gluon.jit
+def _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES: gl.constexpr):
+    """The copies (``cp.async``) of x's first X_STAGES - 1 tiles of each K range into the ring,
+    one commit group per tile (the last range's tile repeated past its end)."""
+    for stage in gl.static_range(X_STAGES - 1):
+        kt = gl.minimum(stage, last)
+        async_copy.async_copy_global_to_shared(
+            ring.index(stage), x_ptrs + kt * 128, mask=x_ok & (x_tile0 + kt < tiles_total)
+        )
+        async_copy.commit_group()
 
 
 @gluon.jit
@@ -505,12 +530,8 @@ def _int4_mma_xs_kernel(
     xsum = zeros
 
     last = tiles_per_warp - 1
-    for stage in gl.static_range(X_STAGES - 1):  # x's first tiles
-        kt = gl.minimum(stage, last)
-        async_copy.async_copy_global_to_shared(
-            ring.index(stage), x_ptrs + kt * 128, mask=x_ok & (x_tile0 + kt < tiles_total)
-        )
-        async_copy.commit_group()
+    if PDL != 2:  # x's first tiles, then the words (after them with ``weights_first``)
+        _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
     q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0)
     if SCALED:
         s0, o0 = _tile_scales(s_ptr, o_ptr, d_tile0, d_rows, d_rows_ok, tiles_total, stride_s_g,
@@ -521,6 +542,9 @@ def _int4_mma_xs_kernel(
             s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(1, last), d_rows,
                                   d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
                                   dtype)  # fmt: skip
+    if PDL == 2:
+        _wait_after_words(PDL)
+        _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
             q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
@@ -707,6 +731,7 @@ def int4_mma(
     split_k: int = 1,
     depth: int = 2,
     pdl: bool = False,
+    weights_first: bool = False,
     wsplit: bool = False,
     row_tiles: int = 1,
     x_smem: bool = False,
@@ -721,26 +746,28 @@ def int4_mma(
     [M, N] in x's dtype.
 
     ``num_warps`` warps per program, each over 16 weight rows: different rows, or with
-    ``wsplit`` the program's 16 rows over ``num_warps`` K ranges, summed in shared memory at
-    the end; ``row_tiles`` (1, 2 or 4) such groups of 16 rows per warp, multiplied by the same
-    x fragments (fewer loads of x per weight row). ``block_m`` rows of x per program (8 or 16;
-    a power of two), ``split_k`` programs along K (reduced in global memory,
-    ``split_k_output``), ``depth`` K tiles of words loaded ahead (1 or 2), ``pdl`` (sm_90+)
-    launches it as a programmatic dependent that waits for the previous kernel before it
-    reads anything. ``x_smem`` (with ``wsplit``, fragment-ordered words): each warp copies
-    its x tiles into shared memory (``cp.async``, a ring of ``x_stages`` tiles) and reads
-    the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``); ``row_warps`` (with
-    ``x_smem``, dividing ``num_warps``, at most ``block_m // 2``) groups the warps: each group
-    of ``row_warps`` warps holds ``row_warps`` times the rows over one K range and reads one
-    copy of x's tiles, so the program covers that many more rows per read of x. ``maxnreg``
-    caps the registers per thread: ptxas spills the rest, and schedules the loop differently
-    even where it needs fewer (on the H200 that, not occupancy, made the table's M <= 8 forms
-    8-17% faster: BENCHMARKS.md, "INT4 GEMM", fourteenth session). ``scaled`` (with
-    ``x_smem``): the decode applies each tile's scale and offset, rounding the weights once
-    to x's dtype, instead of a second mma on ones for x's group sums. ``parts`` (measurement
-    only) leaves part of the work out: 1 the split-K reduction (each split stores its partial
-    over the others'), 2 the math as well (the words are loaded and summed). Check
-    ``int4_mma_ok`` first."""
+    ``wsplit`` the program's 16 rows over ``num_warps`` K ranges, summed in shared memory at the
+    end; ``row_tiles`` (1, 2 or 4) such groups of 16 rows per warp, multiplied by the same x
+    fragments (fewer loads of x per weight row). ``block_m`` rows of x per program (8 or 16; a
+    power of two), ``split_k`` programs along K (reduced in global memory, ``split_k_output``),
+    ``depth`` K tiles of words loaded ahead (1 or 2), ``pdl`` (sm_90+) launches it as a
+    programmatic dependent that waits for the previous kernel before it reads anything; with
+    ``weights_first`` as well it issues its first ``depth`` tiles of words (and scales) before
+    that wait and reads x only after it (the weight must not be written by a kernel that may
+    still be running: ``kernels.pdl``). ``x_smem`` (with ``wsplit``, fragment-ordered words):
+    each warp copies its x tiles into shared memory (``cp.async``, a ring of ``x_stages`` tiles)
+    and reads the mma's fragments back with ``ldmatrix`` (``_int4_mma_xs_kernel``);
+    ``row_warps`` (with ``x_smem``, dividing ``num_warps``, at most ``block_m // 2``) groups the
+    warps: each group of ``row_warps`` warps holds ``row_warps`` times the rows over one K range
+    and reads one copy of x's tiles, so the program covers that many more rows per read of x.
+    ``maxnreg`` caps the registers per thread: ptxas spills the rest, and schedules the loop
+    differently even where it needs fewer (on the H200 that, not occupancy, made the table's M
+    <= 8 forms 8-17% faster: BENCHMARKS.md, "INT4 GEMM", fourteenth session). ``scaled`` (with
+    ``x_smem``): the decode applies each tile's scale and offset, rounding the weights once to
+    x's dtype, instead of a second mma on ones for x's group sums. ``parts`` (measurement only)
+    leaves part of the work out: 1 the split-K reduction (each split stores its partial over the
+    others'), 2 the math as well (the words are loaded and summed). Check ``int4_mma_ok``
+    first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
     if parts not in (0, 1, 2):
@@ -779,7 +806,7 @@ def int4_mma(
     rows = 16 * row_tiles * (row_warps if wsplit else num_warps)
     num_tiles = -(-m // block_m) * -(-n // rows)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
-    pdl = bool(pdl) and has_pdl(x.device)
+    pdl = (2 if weights_first else 1) if pdl and has_pdl(x.device) else 0
     # scales apply once per group where every warp's K range starts on a group boundary,
     # else after every tile; per channel once at the end
     group_tiles = g // FRAG_TILE_K

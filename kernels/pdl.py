@@ -5,6 +5,14 @@ may start while the previous kernel on the stream is still running, and must cal
 A kernel that calls ``gdc_launch_dependents`` on entry lets such a dependent be scheduled as
 soon as all of its own programs have started; for a kernel whose successor is not a
 programmatic dependent, the call does nothing.
+
+Weights are read-only once built. The INT4 kernels' ``weights_first`` form
+(``Int4GemmConfig.weights_first``) issues its first loads of a weight's words and scales
+before ``gdc_wait``, so they stream in while the previous kernel finishes; only x, the output
+and the split-K workspace wait. So a weight must never be written by a kernel that lets its
+dependents start early (one that calls ``gdc_launch_dependents``: tidal's norms, attention,
+activation and INT4 kernels, none of which writes a weight). Writes by torch's own kernels
+and copies (``weight.copy_``) are safe: they never let a dependent start before they end.
 """
 
 from __future__ import annotations

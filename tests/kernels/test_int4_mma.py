@@ -156,6 +156,89 @@ def test_bf16_scales_pdl_and_graph_replay():
         assert_close(out2, ref, torch.bfloat16, "graph, chained")
 
 
+def _late_write_kernel():
+    """A Triton kernel that lets its programmatic dependents start at once, spins, and only
+    then copies ``src`` over ``dst``: a dependent that read ``dst`` before waiting would see
+    the old values."""
+    import triton.language as tl
+    from triton import jit
+
+    @jit
+    def late_copy(src, dst, spin_out, n, SPIN: tl.constexpr, BLOCK: tl.constexpr):
+        tl.extra.cuda.gdc_launch_dependents()
+        acc = tl.program_id(0).to(tl.float32)
+        for _ in range(SPIN):
+            acc = acc * 0.999 + 1.0
+        tl.store(spin_out + tl.program_id(0), acc)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+    return late_copy
+
+
+# (block_m, warps, split_k, depth, x_smem, row_warps, scaled): the table's forms with
+# ``weights_first`` (M <= 2 on long K; x through shared memory at M <= 16, with row warps and
+# the scaled decode), two tiles ahead, and split-K (whose workspace is touched after the wait)
+FIRST_CFGS = [(8, 16, 1, 1, False, 1, False), (8, 8, 2, 2, False, 1, False),
+              (8, 8, 1, 1, True, 1, False), (16, 8, 2, 2, True, 2, True),
+              (16, 8, 1, 1, True, 2, True)]  # fmt: skip
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", FIRST_CFGS, ids=lambda c: "m{}w{}s{}d{}x{}rw{}sc{}".format(*c))
+def test_weights_first_reads_x_after_the_previous_kernel(cfg):
+    """``weights_first``: the words stream in before the wait on the previous kernel, x only
+    after it. The previous kernel lets it start at once and writes x only after a long spin;
+    the output must be that of the new x, eagerly and replayed from a CUDA graph, and a
+    weight written by torch's own copy just before must be read as written (torch's kernels
+    never let a dependent start early: ``kernels.pdl``)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90+")
+    import triton
+
+    block_m, warps, split, depth, x_smem, row_warps, scaled = cfg
+    late_copy = _late_write_kernel()
+    old_w = random_weight(1037, 2048, 128, seed=21)
+    new_w = random_weight(1037, 2048, 128, seed=22)
+    view = to_mma(old_w.to_frag(), contiguous_x=False)
+    old_words = old_w.to_frag().qweight.clone()
+    new_words = new_w.to_frag().qweight.clone()
+    spin = torch.empty(8192, device="cuda")
+    for m in (1, 5, 16):
+        old_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        new_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        x = old_x.clone()
+        expected = dataclasses.replace(old_w, qweight=new_w.qweight)  # old scales, new words
+        ref = int4_gemm_ref(new_x, expected)
+
+        def step(x=x, old_x=old_x, new_x=new_x):
+            view.qweight.copy_(old_words)
+            view.qweight.copy_(new_words)  # torch's copy: ends before the gemm may start
+            x.copy_(old_x)
+            late_copy[(triton.cdiv(x.numel(), 4096),)](
+                new_x, x, spin, x.numel(), SPIN=20000, BLOCK=4096
+            )
+            return int4_mma(x, view, block_m, warps, split, depth, pdl=True,
+                            weights_first=True, wsplit=True, x_smem=x_smem,
+                            row_warps=row_warps, scaled=scaled)  # fmt: skip
+
+        what = f"weights first {cfg} M={m}"
+        assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for _ in range(3):
+            out.zero_()
+            graph.replay()
+            assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
+
+
 def test_rejects_what_it_cannot_run():
     weight = random_weight(16, 256, 128, seed=1)
     x = torch.randn(1, 256, dtype=torch.bfloat16)
@@ -292,6 +375,10 @@ def test_config_checks():
                        row_warps=8)  # fmt: skip  # 8 x rows for 8 row warps' copies
     with pytest.raises(ValueError, match="scaled"):
         Int4GemmConfig("mma", block_n=16, num_stages=1, wsplit=True, scaled=True)  # no x_smem
+    with pytest.raises(ValueError, match="weights_first"):
+        Int4GemmConfig("mma", block_n=16, num_stages=1, wsplit=True, weights_first=True)
+    with pytest.raises(ValueError, match="weights_first"):
+        Int4GemmConfig("gemv", pdl=True, weights_first=True)
     with pytest.raises(ValueError, match="maxnreg"):
         Int4GemmConfig("gemv", maxnreg=80)
     with pytest.raises(ValueError, match="maxnreg"):
