@@ -328,6 +328,9 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     - o_proj-sized ones at M = 17-32 the same (two row warps, scaled) in x tiles of 16 rows,
       registers capped at 128: 4096 x 4096 at M = 24 / 32 9.4 / 9.5 against 9.8 / 10.0 us on
       the swapped kernel (fifteenth session; qkv-sized ones stay there: 13.5 against 12.3).
+    Every form issues its first tile of words (and scales) before it waits on the previous
+    kernel (``weights_first``): qkv / o_proj at M = 1 6.4 / 5.1 against 7.0 / 5.6 us, at M =
+    16 9.4 / 7.0 against 9.8 / 7.5, down_proj at M = 1 14.1 against 14.6 (sixteenth session).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2

@@ -9,7 +9,9 @@ form with x through shared memory (``_int4_mma_xs_kernel``) made qkv 1.06-1.3x f
 M = 1-8 and o_proj 1.16-1.37x at M = 4-16 (thirteenth session), and with registers capped
 (``maxnreg``) another 8-17% at M <= 8 on qkv and o_proj (fourteenth session); with the
 scales applied in the decode (``SCALED``, half the mmas) qkv 6-8% at M = 9-16 and o_proj
-4-5% at M = 17-32 (fifteenth session).
+4-5% at M = 17-32 (fifteenth session); with its first words read before it waits on the
+previous kernel (``weights_first``, launched as a programmatic dependent) another 0.3-0.6 us
+per call at M <= 16 (sixteenth session).
 ``parts`` times its pieces apart (``benchmarks/bench_int4_mma.py --parts``).
 
 ``y = x @ dequant(W)^T`` for 16-bit x [M, K], M up to a few dozen, on an ``Int4MmaWeight``
