@@ -54,7 +54,10 @@ class Int4GemmConfig:
     (warp specialization; the decoding warps hand ring slots back through empty barriers);
     ``pipe`` keeps two wgmmas in flight (the next K tile's issued before this one's is waited
     for; 3 or more stages); ``pdl`` launches it as a programmatic dependent that lets the next
-    launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md).
+    launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md);
+    with ``weights_first`` as well (not ``specialized``) it lets the next launch start once
+    every program is past its main loop and copies its ring's first weight tiles before it
+    waits on the previous kernel, x's after (form 3).
     ``mma`` (sm_80+, 16-bit x, fragment-ordered words, groups of a multiple of 128: the register
     mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``block_n`` weight
     rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
@@ -144,8 +147,12 @@ class Int4GemmConfig:
                 "the mma strategy gives each warp 16, 32 or 64 weight rows: block_n must be "
                 f"that{'' if self.wsplit else ' times num_warps'}, got {self.block_n}"
             )
-        if self.weights_first and not (self.strategy == "mma" and self.pdl):
-            raise ValueError("weights_first applies to the mma strategy with pdl=True only")
+        swap_plain = self.strategy == "wgmma" and self.swap and not self.specialized
+        if self.weights_first and not ((self.strategy == "mma" or swap_plain) and self.pdl):
+            raise ValueError(
+                "weights_first applies to the mma strategy and the wgmma strategy with "
+                "swap=True, specialized=False, and with pdl=True only"
+            )
         if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:

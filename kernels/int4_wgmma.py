@@ -327,10 +327,12 @@ def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
 @gluon.jit
 def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars, kt,
                      num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                     GROUP_TILES: gl.constexpr):  # fmt: skip
+                     GROUP_TILES: gl.constexpr, PART: gl.constexpr = 0):  # fmt: skip
     """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
     slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
-    proxy fence before every refill)."""
+    proxy fence before every refill). PART 1 expects the whole stage's bytes but copies only
+    the weight's (words, scales, offsets), PART 2 then only x's: the slot's barrier completes
+    once both have landed (``weights_first``)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     slot = kt % NUM_STAGES
     pred = kt < num_k
@@ -341,13 +343,16 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
         + s_desc.block_type.nbytes
         + o_desc.block_type.nbytes
     )
-    mbarrier.expect(bar, nbytes, pred=pred)
     k = (k_tile0 + kt) * BLOCK_K
     row = 0 if GROUP_TILES == 0 else (k_tile0 + kt) // GROUP_TILES
-    tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
-    tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
-    tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
-    tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
+    if PART != 2:
+        mbarrier.expect(bar, nbytes, pred=pred)
+    if PART != 1:
+        tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
+    if PART != 2:
+        tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
 
 
 @gluon.jit
@@ -544,7 +549,7 @@ def _int4_wgmma_swap_kernel(
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
-    PDL: gl.constexpr = 0,  # launched as a programmatic dependent (``int4_wgmma_swap``'s pdl)
+    PDL: gl.constexpr = 0,  # programmatic dependent launch form (``int4_wgmma_swap``'s pdl)
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -561,7 +566,7 @@ def _int4_wgmma_swap_kernel(
     off_m = (pid // num_pid_n) * BLOCK_M
     if PDL == 1:  # the next kernel may launch at once
         tl.extra.cuda.gdc_launch_dependents()
-    if PDL != 0:  # nothing is read before the previous kernel has finished
+    if (PDL == 1) | (PDL == 2):  # nothing is read before the previous kernel has finished
         tl.extra.cuda.gdc_wait()
 
     x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
@@ -596,10 +601,16 @@ def _int4_wgmma_swap_kernel(
         for i in gl.static_range(NUM_STAGES):
             mbarrier.invalidate(empty.index(i))
     else:
+        if PDL == 3:  # the weight's first tiles before the wait on the previous kernel, x after
+            for i in gl.static_range(NUM_STAGES):
+                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs,
+                                 o_bufs, ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
+                                 GROUP_TILES, 1)  # fmt: skip
+            tl.extra.cuda.gdc_wait()
         for i in gl.static_range(NUM_STAGES):
             _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                              ready, i, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                             GROUP_TILES)  # fmt: skip
+                             GROUP_TILES, 2 if PDL == 3 else 0)  # fmt: skip
         # no empty barriers: the loop refills each slot itself (``ready`` fills the argument)
         (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
                                 ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
@@ -607,7 +618,7 @@ def _int4_wgmma_swap_kernel(
                                 PARTS, PIPE)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
-    if PDL == 2:  # the next kernel may launch once every program is past its main loop
+    if PDL >= 2:  # the next kernel may launch once every program is past its main loop
         tl.extra.cuda.gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
@@ -779,10 +790,12 @@ def int4_wgmma_swap(
     runs instead. ``pdl`` (sm_90+) launches the kernel as a programmatic dependent that waits
     for the previous kernel before it reads anything: 1 lets the next kernel launch on entry,
     2 only once every program is past its main loop (neither is in the table: BENCHMARKS.md,
-    "INT4 GEMM", eleventh session). ``maxnreg`` caps the registers per thread (ptxas spills
-    the rest; its schedule changes with the cap)."""
-    if pdl not in (0, 1, 2):
-        raise ValueError(f"pdl must be 0, 1 or 2, got {pdl}")
+    "INT4 GEMM", eleventh session), 3 as 2 and its first ``num_stages`` tiles of the weight
+    (words, scales, offsets) copied before the wait, x's after it (``weights_first``: the
+    weight is read-only, ``kernels.pdl``; not with ``specialized``). ``maxnreg`` caps the
+    registers per thread (ptxas spills the rest; its schedule changes with the cap)."""
+    if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
+        raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool
     if parts not in (0, 1, 2) or (parts and specialized):
         raise ValueError(f"parts must be 0, 1 or 2 and needs specialized=False, got {parts}")

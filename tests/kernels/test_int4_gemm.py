@@ -349,11 +349,10 @@ def test_gemv_l2_prefetch(group_size, scale_dtype, n):
         assert_close(out, int4_gemm_ref(x, w), torch.bfloat16, f"l2 prefetch M={m} N={n}")
 
 
-def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) -> None:
-    """``gemm(x, weight)`` launched as the programmatic dependent of a kernel that lets its
-    dependents start at once and writes ``new``'s words over ``old``'s only after a long
-    spin: a kernel that prefetches the weight before it waits must still compute with the new
-    words (eagerly and replayed from a CUDA graph)."""
+def late_copy_kernel():
+    """A Triton kernel ``late_copy(src, dst, spin_out, n, SPIN, BLOCK)`` that lets its
+    programmatic dependents start at once, spins, and only then copies ``src`` over ``dst``:
+    a dependent that read ``dst`` before waiting would see the old values."""
     import triton
     import triton.language as tl
 
@@ -367,6 +366,17 @@ def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) 
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
+    return late_copy
+
+
+def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) -> None:
+    """``gemm(x, weight)`` launched as the programmatic dependent of a kernel that lets its
+    dependents start at once and writes ``new``'s words over ``old``'s only after a long
+    spin: a kernel that prefetches the weight before it waits must still compute with the new
+    words (eagerly and replayed from a CUDA graph)."""
+    import triton
+
+    late_copy = late_copy_kernel()
     target = dataclasses.replace(old, qweight=old.qweight.clone())
     expected = dataclasses.replace(old, qweight=new.qweight)
     spin = torch.empty(8192, device="cuda")

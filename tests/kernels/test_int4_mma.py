@@ -11,7 +11,7 @@ import torch
 from kernels.int4_gemm import Int4GemmConfig, choose_config, int4_gemm, int4_gemm_ref
 from kernels.int4_mma import _mma_source_k, int4_mma, int4_mma_ok, mma_order, to_mma
 from kernels.int4_weight import unpack_words
-from tests.kernels.test_int4_gemm import assert_close, random_weight
+from tests.kernels.test_int4_gemm import assert_close, late_copy_kernel, random_weight
 
 cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
@@ -156,26 +156,6 @@ def test_bf16_scales_pdl_and_graph_replay():
         assert_close(out2, ref, torch.bfloat16, "graph, chained")
 
 
-def _late_write_kernel():
-    """A Triton kernel that lets its programmatic dependents start at once, spins, and only
-    then copies ``src`` over ``dst``: a dependent that read ``dst`` before waiting would see
-    the old values."""
-    import triton.language as tl
-    from triton import jit
-
-    @jit
-    def late_copy(src, dst, spin_out, n, SPIN: tl.constexpr, BLOCK: tl.constexpr):
-        tl.extra.cuda.gdc_launch_dependents()
-        acc = tl.program_id(0).to(tl.float32)
-        for _ in range(SPIN):
-            acc = acc * 0.999 + 1.0
-        tl.store(spin_out + tl.program_id(0), acc)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
-
-    return late_copy
-
-
 # (block_m, warps, split_k, depth, x_smem, row_warps, scaled): the table's forms with
 # ``weights_first`` (M <= 2 on long K; x through shared memory at M <= 16, with row warps and
 # the scaled decode), two tiles ahead, and split-K (whose workspace is touched after the wait)
@@ -198,7 +178,7 @@ def test_weights_first_reads_x_after_the_previous_kernel(cfg):
     import triton
 
     block_m, warps, split, depth, x_smem, row_warps, scaled = cfg
-    late_copy = _late_write_kernel()
+    late_copy = late_copy_kernel()
     old_w = random_weight(1037, 2048, 128, seed=21)
     new_w = random_weight(1037, 2048, 128, seed=22)
     view = to_mma(old_w.to_frag(), contiguous_x=False)
@@ -379,6 +359,9 @@ def test_config_checks():
         Int4GemmConfig("mma", block_n=16, num_stages=1, wsplit=True, weights_first=True)
     with pytest.raises(ValueError, match="weights_first"):
         Int4GemmConfig("gemv", pdl=True, weights_first=True)
+    with pytest.raises(ValueError, match="weights_first"):
+        Int4GemmConfig("wgmma", swap=True, specialized=True, pdl=True, weights_first=True)
+    Int4GemmConfig("wgmma", swap=True, pdl=True, weights_first=True)  # form 3 of the kernel
     with pytest.raises(ValueError, match="maxnreg"):
         Int4GemmConfig("gemv", maxnreg=80)
     with pytest.raises(ValueError, match="maxnreg"):

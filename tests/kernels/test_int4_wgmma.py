@@ -9,7 +9,12 @@ import torch
 from kernels import split_k
 from kernels.int4_gemm import int4_gemm_ref
 from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
-from tests.kernels.test_int4_gemm import assert_close, assert_sees_a_late_write, random_weight
+from tests.kernels.test_int4_gemm import (
+    assert_close,
+    assert_sees_a_late_write,
+    late_copy_kernel,
+    random_weight,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -219,8 +224,8 @@ def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
         assert torch.equal(out, plain), f"pipe {tiles} M={m}: differs from the plain loop"
     with pytest.raises(ValueError, match="num_stages >= 3"):
         int4_wgmma_swap(x, words, 16, 64, 128, 1, 2, 4, pipe=True)
-    with pytest.raises(ValueError, match="pdl must be 0, 1 or 2"):
-        int4_wgmma_swap(x, words, 16, 64, 128, 1, 3, 4, pdl=3)
+    with pytest.raises(ValueError, match="pdl must be 0, 1, 2 or 3"):
+        int4_wgmma_swap(x, words, 16, 64, 128, 1, 3, 4, pdl=4)
 
 
 # Launched as a programmatic dependent (``pdl``): (tiles, frag, specialized, pipe, group).
@@ -231,18 +236,24 @@ PDL_CASES = [((8, 64, 128, 4, 4, 4), False, False, False, 128),
              ((16, 128, 64, 1, 6, 4), False, False, False, 64)]  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 @pytest.mark.parametrize("case", PDL_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1:]))
 def test_swap_as_a_dependent_launch(case, mode):
     """``pdl``: the kernel waits for the previous one before reading anything and lets the
-    next launch start on entry (1) or only after its main loop (2). Bitwise the same output
-    as without (the same products in the same order), for plain, warp-specialized and
+    next launch start on entry (1) or only after its main loop (2), or (3) as 2 with the
+    weight's first tiles copied before the wait (not warp-specialized). Bitwise the same
+    output as without (the same products in the same order), for plain, warp-specialized and
     ``pipe`` loops, both word orders, split K with a short last split, per-channel and
     64-column groups; and chained back to back in a CUDA graph, each call the dependent of the
     one before."""
     tiles, frag, specialized, pipe, group = case
     weight = random_weight(1000 + 40, 1024, group, seed=23)
     words = weight.to_frag() if frag else weight
+    if mode == 3 and specialized:
+        with pytest.raises(ValueError, match="not with specialized"):
+            int4_wgmma_swap(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16), words,
+                            *tiles, specialized=True, pipe=pipe, pdl=3)  # fmt: skip
+        return
     for m in (1, 16, 37, 130):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         plain = int4_wgmma_swap(x, words, *tiles, specialized=specialized, pipe=pipe)
@@ -278,6 +289,47 @@ def test_swap_dependent_launch_sees_a_write_that_lands_after_it(frag, mode):
         lambda x, w: int4_wgmma_swap(x, w, 8, 64, 128, 4, 4, 4, pdl=mode), old, new,
         f"swapped kernel, pdl {mode}, frag={frag}",
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+@pytest.mark.parametrize("m", [1, 16, 40])
+def test_swap_weights_first_reads_x_after_the_previous_kernel(frag, m):
+    """``pdl=3`` (``weights_first``) copies the weight's first tiles before it waits on the
+    previous kernel, x's only after: with that kernel letting it start at once and writing x
+    only after a long spin, the output is that of the new x, eagerly and replayed from a
+    CUDA graph."""
+    import triton
+
+    late_copy = late_copy_kernel()
+    weight = random_weight(1040, 2048, 128, seed=31)  # rows of scales 16-byte aligned (TMA)
+    words = weight.to_frag() if frag else weight
+    rows = max(8, 1 << (m - 1).bit_length())
+    old_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+    new_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+    x = old_x.clone()
+    spin = torch.empty(8192, device="cuda")
+    ref = int4_gemm_ref(new_x, weight)
+
+    def step():
+        x.copy_(old_x)
+        late_copy[(triton.cdiv(x.numel(), 4096),)](new_x, x, spin, x.numel(), SPIN=20000,
+                                                   BLOCK=4096)  # fmt: skip
+        return int4_wgmma_swap(x, words, rows, 64, 128, 2, 4, 4, pdl=3)
+
+    what = f"swapped kernel, weights first, frag={frag}, M={m}"
+    assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
 
 
 def test_swap_eager_launches_from_the_cache():
