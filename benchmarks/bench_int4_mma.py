@@ -61,13 +61,14 @@ def candidates(
     maxnreg: tuple[int, ...] = (0,),
     scaled: tuple[bool, ...] = (False,),
 ) -> list[dict]:
-    """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K 1-4), 1
-    or 2 tiles ahead, each of the launches in ``pdl`` (``LAUNCHES``' values), each with every count
-    of 16-row tiles per warp in ``row_tiles``; ``short``: warps over K only, 4-16 of them, split-K 1
-    or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them in K groups of
-    each of ``row_warps`` warps over rows, registers capped at each of ``maxnreg`` per thread (0: no
-    cap), the decode applying the scales or not (``scaled``), ``x_stages`` tiles in its ring, 32
-    rows of x per program as well from M = 32 (and 64 from M = 64, 8 warps: 16 spill)."""
+    """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
+    1-4), 1 or 2 tiles ahead, each of the launches in ``pdl`` (``LAUNCHES``' values), each
+    with every count of 16-row tiles per warp in ``row_tiles`` and every register cap per
+    thread in ``maxnreg`` (0: no cap); ``short``: warps over K only, 4-16 of them, split-K 1
+    or 2; ``x_smem``: warps over K with x through shared memory, ``warps`` of them in K
+    groups of each of ``row_warps`` warps over rows, the decode applying the scales or not
+    (``scaled``), ``x_stages`` tiles in its ring, 32 rows of x per program as well from M =
+    32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
         sizes = (block_m,) + ((32,) if m >= 32 else ()) + ((64,) if m >= 64 else ())
@@ -108,11 +109,21 @@ def candidates(
         shapes = [(w, s, False) for w in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)]
         shapes += [(w, s, True) for w in (2, 4, 8, 16) for s in (1, 2, 4)]
     return [
-        dict(block_m=block_m, num_warps=w, split_k=s, depth=d, wsplit=ws, row_tiles=r, **p)
+        dict(
+            block_m=block_m,
+            num_warps=w,
+            split_k=s,
+            depth=d,
+            wsplit=ws,
+            row_tiles=r,
+            maxnreg=mr or None,
+            **p,
+        )  # fmt: skip
         for w, s, ws in shapes
         for d in (1, 2)
         for p in pdl
         for r in row_tiles
+        for mr in maxnreg
         if w * r <= 32  # 16 warps of 4 row tiles spill (sass_int4_mma.py)
     ]
 
@@ -210,7 +221,7 @@ def main() -> None:
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
     parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
     parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
-    parser.add_argument("--maxnreg", default="0", help="--x-smem: register caps (0: none)")
+    parser.add_argument("--maxnreg", default="0", help="register caps to try (0: none)")
     parser.add_argument("--scaled", default="0", help="--x-smem: 0 ones-mma, 1 scaled decode, 0,1")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731

@@ -321,10 +321,10 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     led the swapped kernel on the H200, else None. Its warps split K (``wsplit``), launched
     as a programmatic dependent, 8 rows of x per program (16 above M = 8):
     - down_proj-sized weights (K >= 8192): at M <= 2 x's fragments loaded in place, 16 weight
-      rows per program, one tile ahead, no split-K, 16 warps while two programs per
-      multiprocessor hold every row (N <= 4096 on the H200), else 8; at M = 3-8 x through
-      shared memory (``x_smem``), 8 warps, 32 rows (two row tiles per warp), split-K 2,
-      registers capped at 128;
+      rows per program, one tile ahead, no split-K, 16 warps (registers capped at 64) while
+      two programs per multiprocessor hold every row (N <= 4096 on the H200), else 8; at M =
+      3-8 x through shared memory (``x_smem``), 8 warps, 32 rows (two row tiles per warp),
+      split-K 2, registers capped at 128;
     - others up to M = 8 through shared memory, 8 warps of 16 rows, registers capped at 96
       where two programs per multiprocessor hold every row (o_proj-sized, N <= 4096), else at
       80, which lets three fit (qkv-sized: 384 programs);
@@ -337,7 +337,10 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
       the swapped kernel (fifteenth session; qkv-sized ones stay there: 13.5 against 12.3).
     Every form issues its first tile of words (and scales) before it waits on the previous
     kernel (``weights_first``): qkv / o_proj at M = 1 6.4 / 5.1 against 7.0 / 5.6 us, at M =
-    16 9.4 / 7.0 against 9.8 / 7.5, down_proj at M = 1 14.1 against 14.6 (sixteenth session).
+    16 9.4 / 7.0 against 9.8 / 7.5, down_proj at M = 1 14.1 against 14.6; and down_proj's
+    16-warp form at M <= 2 is capped at 64 registers, the count it uses anyway (offline
+    SASS), under which ptxas schedules it differently: 13.0 / 13.4 against 13.7 / 14.2 us at
+    M = 1 / 2 (sixteenth session).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2
@@ -351,10 +354,11 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     two_per_sm = -(-n // 16) <= 2 * _ONE_WAVE  # programs of 16 rows, two per multiprocessor
     if k >= 8192:
         if m <= 2:
-            warps = 16 if two_per_sm else 8
+            warps, cap = (16, 64) if two_per_sm else (8, None)
             return Int4GemmConfig(
-                "mma", 8, 16, 128, 1, warps, 1, pdl=True, weights_first=True, wsplit=True
-            )
+                "mma", 8, 16, 128, 1, warps, 1, pdl=True, weights_first=True, wsplit=True,
+                maxnreg=cap,
+            )  # fmt: skip
         if m <= 8:
             return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
         return None
