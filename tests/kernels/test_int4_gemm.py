@@ -392,6 +392,13 @@ def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) 
 
     ref = int4_gemm_ref(x, expected)
     assert not torch.allclose(ref, int4_gemm_ref(x, old)), "old and new words must differ"
+    assert_eager_and_replayed(step, ref, what)
+
+
+def assert_eager_and_replayed(step, ref: torch.Tensor, what: str) -> None:
+    """``step()`` (which returns a bf16 output) agrees with ``ref`` when run eagerly and when
+    replayed from a CUDA graph that captured it (warmed up on a side stream first; the
+    output is zeroed before each replay, so a replay that wrote nothing would fail)."""
     assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -402,6 +409,7 @@ def assert_sees_a_late_write(gemm, old: Int4Weight, new: Int4Weight, what: str) 
     with torch.cuda.graph(graph):
         out = step()
     for _ in range(3):
+        out.zero_()
         graph.replay()
         assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
 

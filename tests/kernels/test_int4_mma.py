@@ -11,7 +11,12 @@ import torch
 from kernels.int4_gemm import Int4GemmConfig, choose_config, int4_gemm, int4_gemm_ref
 from kernels.int4_mma import _mma_source_k, int4_mma, int4_mma_ok, mma_order, to_mma
 from kernels.int4_weight import unpack_words
-from tests.kernels.test_int4_gemm import assert_close, late_copy_kernel, random_weight
+from tests.kernels.test_int4_gemm import (
+    assert_close,
+    assert_eager_and_replayed,
+    late_copy_kernel,
+    random_weight,
+)
 
 cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
@@ -204,19 +209,7 @@ def test_weights_first_reads_x_after_the_previous_kernel(cfg):
                             row_warps=row_warps, scaled=scaled)  # fmt: skip
 
         what = f"weights first {cfg} M={m}"
-        assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step()
-        for _ in range(3):
-            out.zero_()
-            graph.replay()
-            assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
+        assert_eager_and_replayed(step, ref, what)
 
 
 def test_rejects_what_it_cannot_run():

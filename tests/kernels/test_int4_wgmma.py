@@ -11,6 +11,7 @@ from kernels.int4_gemm import int4_gemm_ref
 from kernels.int4_wgmma import int4_wgmma, int4_wgmma_swap, wgmma_ok, wgmma_swap_ok
 from tests.kernels.test_int4_gemm import (
     assert_close,
+    assert_eager_and_replayed,
     assert_sees_a_late_write,
     late_copy_kernel,
     random_weight,
@@ -317,19 +318,7 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(frag, m):
         return int4_wgmma_swap(x, words, rows, 64, 128, 2, 4, 4, pdl=3)
 
     what = f"swapped kernel, weights first, frag={frag}, M={m}"
-    assert_close(step(), ref, torch.bfloat16, f"{what}, eager")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for _ in range(3):
-        out.zero_()
-        graph.replay()
-        assert_close(out, ref, torch.bfloat16, f"{what}, graph replay")
+    assert_eager_and_replayed(step, ref, what)
 
 
 def test_swap_eager_launches_from_the_cache():
