@@ -70,6 +70,14 @@ def candidates(
     (``scaled``), ``x_stages`` tiles in its ring, 32 rows of x per program as well from M =
     32 (and 64 from M = 64, 8 warps: 16 spill)."""
     block_m = 8 if m <= 8 else 16
+    # the axes both lists share: words in flight, launch, row tiles per warp, register cap
+    common = [
+        dict(depth=d, row_tiles=r, maxnreg=mr or None, **p)
+        for d in (1, 2)
+        for p in pdl
+        for r in row_tiles
+        for mr in maxnreg
+    ]
     if x_smem:  # warps over K, x through shared memory: 2 or 3 tiles in its ring
         sizes = (block_m,) + ((32,) if m >= 32 else ()) + ((64,) if m >= 64 else ())
         return [
@@ -77,31 +85,25 @@ def candidates(
                 block_m=bm,
                 num_warps=w,
                 split_k=s,
-                depth=d,
-                **p,
                 wsplit=True,
-                row_tiles=r,
                 x_smem=True,
                 x_stages=xs,
                 row_warps=rw,
-                maxnreg=mr or None,
                 scaled=sc,
+                **c,
             )  # fmt: skip
             for bm in sizes
             for w in warps
             for s in (1, 2)
-            for d in (1, 2)
-            for p in pdl
-            for r in row_tiles
+            for c in common
             for xs in x_stages
             for rw in row_warps
-            for mr in maxnreg
             for sc in scaled
-            if w * r <= 32
-            and xs * w * bm * 256 // rw + w * r * bm * 64 <= 200 * 1024  # smem
+            if w * c["row_tiles"] <= 32
+            and xs * w * bm * 256 // rw + w * c["row_tiles"] * bm * 64 <= 200 * 1024  # smem
             and w % rw == 0
             and 2 * rw <= bm
-            and (bm < 64 or w * r <= 8)
+            and (bm < 64 or w * c["row_tiles"] <= 8)
         ]
     if short:
         shapes = [(w, s, True) for w in (4, 8, 16) for s in (1, 2)]
@@ -109,22 +111,10 @@ def candidates(
         shapes = [(w, s, False) for w in (1, 2, 4, 8) for s in (1, 2, 4, 8, 16)]
         shapes += [(w, s, True) for w in (2, 4, 8, 16) for s in (1, 2, 4)]
     return [
-        dict(
-            block_m=block_m,
-            num_warps=w,
-            split_k=s,
-            depth=d,
-            wsplit=ws,
-            row_tiles=r,
-            maxnreg=mr or None,
-            **p,
-        )  # fmt: skip
+        dict(block_m=block_m, num_warps=w, split_k=s, wsplit=ws, **c)
         for w, s, ws in shapes
-        for d in (1, 2)
-        for p in pdl
-        for r in row_tiles
-        for mr in maxnreg
-        if w * r <= 32  # 16 warps of 4 row tiles spill (sass_int4_mma.py)
+        for c in common
+        if w * c["row_tiles"] <= 32  # 16 warps of 4 row tiles spill (sass_int4_mma.py)
     ]
 
 

@@ -544,8 +544,8 @@ def _int4_mma_xs_kernel(
             s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(1, last), d_rows,
                                   d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
                                   dtype)  # fmt: skip
+    _wait_after_words(PDL)
     if PDL == 2:
-        _wait_after_words(PDL)
         _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
