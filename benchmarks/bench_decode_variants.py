@@ -6,21 +6,13 @@ shipped decode config (``_pick_decode_config``) against the same with one field 
 - ``masked``: every tile's loads predicated (``whole_tiles=False``, the previous kernel);
 - ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
   (``wait=True``; sm_90+), so consecutive layers' launches overlap;
-- ``prefetch``: launched as a programmatic dependent that brings its K/V range into L2
-  before waiting for the previous kernel (``prefetch=True``), and lets the next kernel
-  launch only once past its main loop (``late_trigger=True``); ``prefetch-early`` the same
-  with the next kernel let launch on entry; ``wait-late`` the wait without the prefetch;
 - with ``--caps 64,96,...``, ``cap N`` instead: the decode kernel's registers per thread
   capped at N (``maxnreg``).
-
-``--variants a,b`` picks which of the named variants run beside the shipped config, and
-``--shapes 1x8192,16x512`` which shapes.
 
 Timings as in ``bench_attention.py`` (graph: one replay, L2 flushed; layered: L calls on L
 caches back to back in one graph). Every variant's output is checked against SDPA.
 
     PYTHONPATH=. python3 benchmarks/bench_decode_variants.py [--caps 64,96,128]
-    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py --variants prefetch,wait
 """
 
 from __future__ import annotations
@@ -51,14 +43,6 @@ from kernels.paged_attention import _launch_decode, _pick_decode_config, default
 SHAPES = [(1, 2048), (1, 8192), (8, 512), (12, 512), (16, 512), (16, 2048), (32, 512),
           (64, 2048), (256, 2048)]  # fmt: skip
 
-VARIANTS = {
-    "masked": {"whole_tiles": False},
-    "wait": {"wait": True},
-    "wait-late": {"wait": True, "late_trigger": True},
-    "prefetch": {"prefetch": True, "late_trigger": True},
-    "prefetch-early": {"prefetch": True},
-}
-
 
 def main() -> None:
     torch.manual_seed(0)
@@ -67,22 +51,14 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, f"copy {copy / 1e12:.2f} TB/s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--caps", default="", help="register caps to time instead of the leads")
-    parser.add_argument("--variants", default="masked,wait", help=f"of {', '.join(VARIANTS)}")
-    parser.add_argument("--shapes", default="", help="batch x context list, e.g. 1x8192,16x512")
-    args = parser.parse_args()
-    caps = [int(c) for c in args.caps.split(",") if c]
-    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s] or SHAPES
-    names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    variants = {"shipped": {}, **{n: VARIANTS[n] for n in names}}
+    caps = [int(c) for c in parser.parse_args().caps.split(",") if c]
+    variants = {"shipped": {}, "masked": {"whole_tiles": False}, "wait": {"wait": True}}
     if caps:
         variants = {"shipped": {}, **{f"cap {c}": {"maxnreg": c} for c in caps}}
     head = " | ".join(f"{name} graph / layered us (/SDPA)" for name in variants)
     print(f"| batch x ctx | splits | {head} | SDPA graph / layered us | shipped layered %copy |")
     print("|" + "---|" * (len(variants) + 4))
-    for batch, ctx in shapes:
+    for batch, ctx in SHAPES:
         query, key_cache, value_cache, _, seq_lens, tables = paged_batch(batch, ctx, 1)
         kv_bytes = 2 * batch * ctx * NUM_KV_HEADS * HEAD_DIM * key_cache.element_size()
         layers = num_layers(kv_bytes)

@@ -34,13 +34,13 @@ from tqdm import tqdm  # noqa: E402
 
 from kernels.int4_gemm import (  # noqa: E402
     Int4GemmConfig,
+    _prefetch_l2,
     choose_config,
     frag_preferred,
     int4_gemm,
     int4_gemm_ref,
 )
 from kernels.int4_wgmma import int4_wgmma_swap  # noqa: E402
-from kernels.pdl import prefetch_l2  # noqa: E402
 
 
 @triton.jit
@@ -49,7 +49,7 @@ def _stream_read(src, out, chunk, BLOCK: tl.constexpr, PDL: tl.constexpr):
     start = pid * chunk
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        prefetch_l2(src + start + tl.arange(0, 1), chunk * 4)
+        _prefetch_l2(src + start + tl.arange(0, 1), chunk * 4)
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK], tl.int32)
     for off in tl.range(start, start + chunk, BLOCK):

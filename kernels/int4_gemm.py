@@ -68,7 +68,7 @@ from kernels.int4_weight import (
     unpack_words,
 )
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl, is_sm90, prefetch_l2
+from kernels.pdl import has_pdl, is_sm90
 from kernels.split_k import split_k_output
 
 try:  # Gluon is experimental in Triton: without it the wgmma strategy falls back to mm
@@ -103,6 +103,22 @@ def _gemv_words(qw_ptr, offs_n, n_mask, sub0, sub_end, stride_qw_n, SUB_W: tl.co
         mask = (subs < sub_end)[:, None] & (offs_w[None, :] < SUB_W)
         q = tl.load(ptrs, mask=n_mask[:, None, None] & mask[None, :, :], other=0)
     return q
+
+
+@triton.jit
+def _prefetch_l2(rows_ptr, nbytes):
+    """Bring ``nbytes`` (a multiple of 16) from each 16-byte aligned address of ``rows_ptr``
+    into L2 with one bulk prefetch each (sm_90: ``cp.async.bulk.prefetch.L2``). A prefetch
+    reads nothing into the program and L2 is where every write lands, so it may run before
+    ``gdc_wait``: a kernel still writing that memory leaves L2 up to date either way."""
+    tl.inline_asm_elementwise(
+        asm="cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;",
+        constraints="=r,l,r",
+        args=[rows_ptr.to(tl.int64, bitcast=True), tl.zeros(rows_ptr.shape, tl.int32) + nbytes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -149,7 +165,7 @@ def _int4_gemv_kernel(
     # tail; nothing is read or written before it has finished (gdc_wait), not even the
     # weight, which a kernel still in flight may have written.
     # L2_PREFETCH (with PDL, sm_90): before waiting, the program's words, scales and offsets
-    # are prefetched into L2 (``prefetch_l2``; at most NUM_G groups per split), so the DRAM
+    # are prefetched into L2 (``_prefetch_l2``; at most NUM_G groups per split), so the DRAM
     # reads overlap the previous kernel instead of following it.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -165,14 +181,14 @@ def _int4_gemv_kernel(
             if m == 0:
                 rows = tl.minimum(offs_n, N - 1)
                 words = qw_ptr + rows * stride_qw_n + sub_start * SUB_W
-                prefetch_l2(words, (sub_end - sub_start) * SUB_W * 4)
+                _prefetch_l2(words, (sub_end - sub_start) * SUB_W * 4)
                 g0 = sub_start * (8 * SUB_W) // group_size
                 g1 = (sub_end * (8 * SUB_W) - 1) // group_size
                 gs = tl.minimum(g0 + tl.arange(0, NUM_G), g1)
                 n0 = tl.minimum(pid_n * BLOCK_N, N - BLOCK_N)
                 S_BYTES: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
-                prefetch_l2(s_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
-                prefetch_l2(o_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
+                _prefetch_l2(s_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
+                _prefetch_l2(o_ptr + gs * stride_s_g + n0, BLOCK_N * S_BYTES)
         tl.extra.cuda.gdc_wait()
     EVEN: tl.constexpr = EVEN_N and EVEN_K
     if PREFETCH:

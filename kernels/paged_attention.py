@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl, num_sms, prefetch_l2
+from kernels.pdl import has_pdl, num_sms
 
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range until the (sequence, KV head) programs number more than
@@ -393,61 +393,6 @@ def _merge_heads(
 
 
 @triton.jit
-def _split_range(seq_len, split, num_splits, sliding_window, BLOCK_N: tl.constexpr,
-                 HAS_WINDOW: tl.constexpr):  # fmt: skip
-    # A sequence's positions [kv_lo, seq_len), cut into tiles, the tiles cut into splits:
-    # split `split`'s positions [kv_begin, kv_end) (kv_end may pass seq_len in the last tile).
-    kv_lo = 0
-    if HAS_WINDOW:
-        kv_lo = tl.maximum(seq_len - sliding_window, 0) // BLOCK_N * BLOCK_N
-    num_tiles = (seq_len - kv_lo + BLOCK_N - 1) // BLOCK_N
-    tiles_per_split = (num_tiles + num_splits - 1) // num_splits
-    tile_begin = tl.minimum(split * tiles_per_split, num_tiles)
-    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
-    return kv_lo + tile_begin * BLOCK_N, kv_lo + tile_end * BLOCK_N
-
-
-@triton.jit
-def _prefetch_decode_range(
-    seq_lens_ptr,
-    table_ptr,
-    k_base_ptr,
-    v_base_ptr,
-    seq,
-    split,
-    num_splits,
-    sliding_window,
-    num_blocks,
-    table_len,
-    stride_k_b,
-    stride_k_s,
-    stride_v_b,
-    stride_v_s,
-    ROW_BYTES: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
-    PF_N: tl.constexpr,
-):
-    # Before gdc_wait: the previous kernel may still be writing anything, so the length and
-    # the block ids read here may be stale. They only form prefetch addresses, clamped inside
-    # the cache, and are read past L1 (.cg) so the reads after the wait find no stale line;
-    # a prefetch to L2 cannot make a later read stale (module docstring of kernels.pdl).
-    seq_len = tl.load(seq_lens_ptr + seq, cache_modifier=".cg")
-    seq_len = tl.minimum(tl.maximum(seq_len, 0), table_len * BLOCK_SIZE)
-    kv_begin, kv_end = _split_range(seq_len, split, num_splits, sliding_window, BLOCK_N, HAS_WINDOW)
-    kv_end = tl.minimum(kv_end, seq_len)
-    for start in range(kv_begin, kv_end, PF_N):
-        offs = start + tl.arange(0, PF_N)
-        valid = offs < kv_end
-        blocks = tl.load(table_ptr + offs // BLOCK_SIZE, mask=valid, other=0, cache_modifier=".cg")
-        blocks = tl.minimum(tl.maximum(blocks, 0), num_blocks - 1).to(tl.int64)
-        in_block = tl.where(valid, offs % BLOCK_SIZE, 0)
-        prefetch_l2(k_base_ptr + blocks * stride_k_b + in_block * stride_k_s, ROW_BYTES)
-        prefetch_l2(v_base_ptr + blocks * stride_v_b + in_block * stride_v_s, ROW_BYTES)
-
-
-@triton.jit
 def _paged_decode_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim]
     part_out_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM_PAD] fp32 (IS_SPLIT)
@@ -461,8 +406,6 @@ def _paged_decode_kernel(
     scale_log2,
     num_splits,
     sliding_window,
-    num_blocks,
-    table_len,
     stride_q_t,
     stride_q_h,
     stride_q_d,
@@ -498,28 +441,10 @@ def _paged_decode_kernel(
     IS_FP32: tl.constexpr,
     TRIGGER: tl.constexpr,
     WAIT: tl.constexpr,
-    PREFETCH: tl.constexpr,
     WHOLE_TILES: tl.constexpr,
-    PF_N: tl.constexpr,
 ):
-    # TRIGGER 1: a programmatic dependent (the merge, or the next kernel) may be scheduled now
-    # (it waits for us); 2: only once this program is past its main loop.
-    if TRIGGER == 1:
+    if TRIGGER:  # a programmatic dependent (the merge) may be scheduled now; it waits for us
         tl.extra.cuda.gdc_launch_dependents()
-    kv_group = tl.program_id(0)
-    split = tl.program_id(1)
-    seq = tl.program_id(2)
-    row = seq.to(tl.int64)
-    first_kv_head = kv_group * KV_HEADS
-    k_base_ptr = k_cache_ptr + first_kv_head * stride_k_h
-    v_base_ptr = v_cache_ptr + first_kv_head * stride_v_h
-    table_ptr = block_tables_ptr + row * stride_bt_s
-    if PREFETCH:  # before the wait: this program's K/V rows start streaming into L2
-        _prefetch_decode_range(
-            seq_lens_ptr, table_ptr, k_base_ptr, v_base_ptr, seq, split, num_splits,
-            sliding_window, num_blocks, table_len, stride_k_b, stride_k_s, stride_v_b,
-            stride_v_s, PREFETCH, BLOCK_SIZE, BLOCK_N, HAS_WINDOW, PF_N,
-        )  # fmt: skip
     if WAIT:  # launched as a programmatic dependent: nothing is read before the previous
         tl.extra.cuda.gdc_wait()  # kernel on the stream has finished
     # Decode-only step: sequence s owns query row s, so the program id names its work directly
@@ -527,7 +452,11 @@ def _paged_decode_kernel(
     # K/V tiles hold all of their columns (one contiguous run per position) and row r (query
     # head r of the program's GROUP * KV_HEADS) keeps q only in its KV head's columns, so one
     # dot gives every row its own scores; of P @ V a row keeps its KV head's columns.
+    kv_group = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    row = seq.to(tl.int64)
     offs_m = tl.arange(0, BLOCK_M)
     offs_c = tl.arange(0, KV_HEADS * HEAD_DIM_PAD)
     head = kv_group * (GROUP * KV_HEADS) + offs_m
@@ -544,12 +473,26 @@ def _paged_decode_kernel(
     q_ptrs = q_ptr + row * stride_q_t + head[:, None] * stride_q_h + col_d[None, :] * stride_q_d
     q = tl.load(q_ptrs, mask=row_mask, other=0.0)  # [BLOCK_M, COLS], 0 off the row's KV head
 
-    kv_begin, kv_end = _split_range(seq_len, split, num_splits, sliding_window, BLOCK_N, HAS_WINDOW)
+    # This sequence's positions [kv_lo, seq_len), cut into tiles, the tiles cut into splits.
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(seq_len - sliding_window, 0) // BLOCK_N * BLOCK_N
+    num_tiles = (seq_len - kv_lo + BLOCK_N - 1) // BLOCK_N
+    tiles_per_split = (num_tiles + num_splits - 1) // num_splits
+    tile_begin = tl.minimum(split * tiles_per_split, num_tiles)
+    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+    kv_begin = kv_lo + tile_begin * BLOCK_N
+    kv_end = kv_lo + tile_end * BLOCK_N
+
     acc = tl.zeros([BLOCK_M, KV_HEADS * HEAD_DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    first_kv_head = kv_group * KV_HEADS
+    k_base_ptr = k_cache_ptr + first_kv_head * stride_k_h
+    v_base_ptr = v_cache_ptr + first_kv_head * stride_v_h
     col_off_k = col_head * stride_k_h + col_d * stride_k_d
     col_off_v = col_head * stride_v_h + col_d * stride_v_d
+    table_ptr = block_tables_ptr + row * stride_bt_s
     if HAS_WINDOW or not WHOLE_TILES:  # a window's first tile may be partial: all masked
         full_end = kv_begin
     else:  # whole tiles unpredicated, then at most one partial tile (the sequence's last)
@@ -569,8 +512,6 @@ def _paged_decode_kernel(
             BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, False,
         )  # fmt: skip
 
-    if TRIGGER == 2:
-        tl.extra.cuda.gdc_launch_dependents()
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if IS_SPLIT:
@@ -858,11 +799,6 @@ class DecodeConfig:
     kernel, so its launch overlaps the split kernel's tail instead of following it. ``wait``
     (sm_90+): the decode kernel itself is launched as a programmatic dependent of whatever
     kernel precedes it and waits for it on entry, so only its launch overlaps that kernel.
-    ``prefetch`` (sm_90+): the decode kernel is launched as a programmatic dependent like
-    ``wait``, but before waiting it reads its sequence's length and block ids and brings its
-    K/V rows into L2 with bulk prefetches, so they stream while the previous kernel finishes.
-    ``late_trigger`` (sm_90+): the kernel lets its dependent (the merge, the next layer's
-    kernel) be scheduled only once each program is past its main loop, not on entry.
     ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
@@ -881,8 +817,6 @@ class DecodeConfig:
     wait: bool = False
     whole_tiles: bool = False
     maxnreg: int | None = None
-    prefetch: bool = False
-    late_trigger: bool = False
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
@@ -937,23 +871,6 @@ def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
     return tickets
 
 
-def _prefetch_ok(key_cache: torch.Tensor, value_cache: torch.Tensor, kv_heads: int) -> bool:
-    """Whether a program's row of ``kv_heads`` heads at a position is one contiguous run of K
-    (and of V) that starts 16-byte aligned and spans a multiple of 16 bytes: what a bulk L2
-    prefetch of it needs."""
-    for cache in (key_cache, value_cache):
-        size = cache.element_size()
-        _, _, _, head_dim = cache.shape
-        strides = cache.stride()
-        if strides[3] != 1 or (kv_heads > 1 and strides[2] != head_dim):
-            return False
-        if cache.data_ptr() % 16 or (kv_heads * head_dim * size) % 16:
-            return False
-        if any((stride * size) % 16 for stride in strides[:3]):
-            return False
-    return True
-
-
 def _launch_decode(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -976,11 +893,7 @@ def _launch_decode(
     is_fused = is_split and config.fused_merge
     trigger = has_pdl(query.device)
     pdl = config.pdl and is_split and not is_fused and trigger
-    wait = (config.wait or config.prefetch) and trigger
-    row_bytes = kv_heads * head_dim * key_cache.element_size()
-    prefetch = row_bytes if wait and config.prefetch and _prefetch_ok(
-        key_cache, value_cache, kv_heads
-    ) else 0  # fmt: skip
+    wait = config.wait and trigger
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),
@@ -1000,8 +913,7 @@ def _launch_decode(
     grid = (num_groups, num_kv_splits, num_seqs)
     _DECODE[grid](
         out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
-        scale * _LOG2E, num_kv_splits, sliding_window or 0, key_cache.shape[0],
-        block_tables.shape[1],
+        scale * _LOG2E, num_kv_splits, sliding_window or 0,
         *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
         block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
@@ -1011,8 +923,7 @@ def _launch_decode(
         IS_SPLIT=is_split, FUSED_MERGE=is_fused, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEADS_PAD=_next_pow2(group * kv_heads),
         HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
-        TRIGGER=(2 if config.late_trigger else 1) if trigger else 0, WAIT=wait,
-        PREFETCH=prefetch, WHOLE_TILES=config.whole_tiles, PF_N=32 * config.num_warps,
+        TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if wait else {}),
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),

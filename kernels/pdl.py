@@ -20,8 +20,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
 
 @functools.cache
@@ -53,20 +51,3 @@ def num_sms(device: torch.device) -> int:
 def has_pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
     return is_sm90(device)
-
-
-@triton.jit
-def prefetch_l2(rows_ptr, nbytes):
-    """Bring ``nbytes`` (a multiple of 16) from each 16-byte aligned address of ``rows_ptr``
-    into L2 with one bulk prefetch each (sm_90: ``cp.async.bulk.prefetch.L2``). A prefetch
-    reads nothing into the program and L2 is where every write lands, so it may run before
-    ``gdc_wait``: a kernel still writing that memory leaves L2 up to date either way. The
-    addresses must lie inside an allocation whatever the caller read to form them."""
-    tl.inline_asm_elementwise(
-        asm="cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;",
-        constraints="=r,l,r",
-        args=[rows_ptr.to(tl.int64, bitcast=True), tl.zeros(rows_ptr.shape, tl.int32) + nbytes],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )

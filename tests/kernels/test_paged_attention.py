@@ -309,28 +309,17 @@ def test_decode_merge_as_dependent_launch(splits):
         assert_close(out, ref, torch.bfloat16, f"PDL merge x{splits}, layer {i}")
 
 
-# The ways a decode kernel can be a programmatic dependent: waiting on entry, or prefetching
-# its K/V into L2 first; letting the next kernel launch on entry or after the main loop.
-DEPENDENT_LAUNCHES = {
-    "wait": {"wait": True},
-    "wait-late": {"wait": True, "late_trigger": True},
-    "prefetch": {"prefetch": True, "late_trigger": True},
-    "prefetch-early": {"prefetch": True},
-}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("launch", DEPENDENT_LAUNCHES)
 @pytest.mark.parametrize("splits, fused", [(1, False), (4, True), (16, False)])
-def test_decode_waits_as_dependent_launch(splits, fused, launch):
-    """Decode kernels launched as programmatic dependents (``wait`` / ``prefetch``; sm_90+, a
-    plain launch before that), each layer's query being the previous layer's output, so a
-    kernel that read before the previous one finished would see a stale query; eagerly and
-    replayed from a CUDA graph."""
+def test_decode_waits_as_dependent_launch(splits, fused):
+    """Decode kernels launched as programmatic dependents (``wait``; sm_90+, a plain launch
+    before that), each layer's query being the previous layer's output, so a kernel that
+    read before the previous one finished would see a stale query; eagerly and replayed
+    from a CUDA graph."""
     seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
     layers = [make_batch(seqs, 32, 8, 128, torch.bfloat16) for _ in range(3)]
     scale = 128**-0.5
-    config = DecodeConfig(32, 4, 6, 4, fused_merge=fused, pdl=True, **DEPENDENT_LAUNCHES[launch])
+    config = DecodeConfig(32, 4, 6, 4, fused_merge=fused, pdl=True, wait=True)
     query = layers[0].query.clone()
     outs = [torch.empty_like(query) for _ in layers]
 
@@ -362,58 +351,6 @@ def test_decode_waits_as_dependent_launch(splits, fused, launch):
     query.copy_(torch.randn_like(query))
     graph.replay()
     check(f"graph x{splits}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("late", ["cache", "table"])
-@pytest.mark.parametrize("launch", ["prefetch", "prefetch-early"])
-@pytest.mark.parametrize("splits, fused", [(1, False), (4, True), (16, False)])
-def test_decode_prefetch_sees_writes_that_land_after_it(splits, fused, launch, late):
-    """The prefetching decode kernel launched as the programmatic dependent of a kernel that
-    lets its dependents start at once and writes only after a long spin: the K cache
-    (``cache``), or the sequence lengths and block tables (``table``, over stale ones that
-    point out of the cache). The prefetch reads them before that write lands; the result
-    must still be that of the new values, eagerly and replayed from a CUDA graph."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch is sm_90+")
-    import triton
-
-    from tests.kernels.test_int4_gemm import assert_eager_and_replayed, late_copy_kernel
-
-    seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
-    batch = make_batch(seqs, 32, 8, 128, torch.bfloat16)
-    scale = 128**-0.5
-    config = DecodeConfig(32, 4, 6, 4, fused_merge=fused, pdl=True, **DEPENDENT_LAUNCHES[launch])
-    if late == "cache":
-        new = torch.randn_like(batch.key_cache)
-        old = batch.key_cache.clone()
-        target = batch.key_cache  # its values are new by the time the reference reads them
-        batch.key_cache.copy_(new)
-    else:  # one buffer holds the lengths and the tables, so one late copy writes both
-        num_seqs = batch.seq_lens.numel()
-        new = torch.cat([batch.seq_lens, batch.block_tables.flatten()])
-        old = torch.randint(-(2**30), 2**30, new.shape, dtype=torch.int32, device="cuda")
-        old[:num_seqs] = torch.tensor([2**30, -7, 5000, 0], dtype=torch.int32)
-        target = new.clone()
-        batch.seq_lens = target[:num_seqs]
-        batch.block_tables = target[num_seqs:].view_as(batch.block_tables)
-    ref = paged_attention_ref(*batch.args(scale))
-    late_copy = late_copy_kernel()
-    spin = torch.empty(8192, device="cuda")
-
-    def step():
-        target.view(-1).copy_(old.view(-1))
-        numel = target.numel()
-        late_copy[(triton.cdiv(numel, 4096),)](
-            new.view(-1), target.view(-1), spin, numel, SPIN=20000, BLOCK=4096
-        )
-        out = torch.empty_like(batch.query)
-        return _launch_decode(
-            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens, batch.block_tables,
-            scale, None, out, splits, config,
-        )  # fmt: skip
-
-    assert_eager_and_replayed(step, ref, f"{launch} x{splits}, {late} written late")
 
 
 def test_no_tokens_with_sequences_returns_out_untouched():
