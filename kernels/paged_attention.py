@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl, num_sms
+from kernels.pdl import chain_launch, has_pdl, num_sms
 
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range until the (sequence, KV head) programs number more than
@@ -443,10 +443,10 @@ def _paged_decode_kernel(
     WAIT: tl.constexpr,
     WHOLE_TILES: tl.constexpr,
 ):
-    if TRIGGER:  # a programmatic dependent (the merge) may be scheduled now; it waits for us
-        tl.extra.cuda.gdc_launch_dependents()
     if WAIT:  # launched as a programmatic dependent: nothing is read before the previous
         tl.extra.cuda.gdc_wait()  # kernel on the stream has finished
+    if TRIGGER:  # a programmatic dependent (the merge) may be scheduled now; it waits for us
+        tl.extra.cuda.gdc_launch_dependents()
     # Decode-only step: sequence s owns query row s, so the program id names its work directly
     # (no search over query_start_loc). A program takes KV_HEADS neighbouring KV heads: its
     # K/V tiles hold all of their columns (one contiguous run per position) and row r (query
@@ -893,7 +893,7 @@ def _launch_decode(
     is_fused = is_split and config.fused_merge
     trigger = has_pdl(query.device)
     pdl = config.pdl and is_split and not is_fused and trigger
-    wait = config.wait and trigger
+    wait = (config.wait or chain_launch(query.device, level=2)) and trigger
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),

@@ -18,6 +18,7 @@ and copies (``weight.copy_``) are safe: they never let a dependent start before 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -51,3 +52,16 @@ def num_sms(device: torch.device) -> int:
 def has_pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` can use PDL: CUDA devices of compute capability 9.0 up."""
     return is_sm90(device)
+
+
+@functools.cache
+def _chain_level() -> int:
+    return int(os.environ.get("TIDAL_PDL_CHAIN", "0") or 0)
+
+
+def chain_launch(device: torch.device, level: int = 1) -> bool:
+    """Whether the per-layer kernels (norms, rotary, cache writes, activation; the decode
+    attention kernel too at ``level`` 2) are launched as programmatic dependents that wait
+    for the previous kernel on entry and then let their own dependents launch, so each
+    launch overlaps the kernel before it. ``TIDAL_PDL_CHAIN`` (0, 1 or 2; experimental)."""
+    return has_pdl(device) and _chain_level() >= level

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
+from kernels.pdl import chain_launch
 
 
 @triton.jit
@@ -35,7 +36,11 @@ def _reshape_and_cache_kernel(
     HEAD_DIM: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
+    if CHAIN:  # a programmatic dependent: wait for the previous kernel, then let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:  # padding token: nothing to write
@@ -101,12 +106,14 @@ def reshape_and_cache(
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    chain = chain_launch(key.device)
     _RESHAPE_AND_CACHE[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping, num_kv_heads,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
         BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim,
         HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        CHAIN=chain, **({"launch_pdl": True} if chain else {}),
     )  # fmt: skip
 
 

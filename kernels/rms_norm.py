@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl
+from kernels.pdl import chain_launch, has_pdl
 
 
 @triton.jit
@@ -27,7 +27,10 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
     TRIGGER: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
+    if WAIT:  # launched as a programmatic dependent: the previous kernel must finish first
+        tl.extra.cuda.gdc_wait()
     if TRIGGER:  # a programmatic dependent (the INT4 GEMM that follows) may launch now
         tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
@@ -83,11 +86,12 @@ def rms_norm(
     if num_tokens > 0:
         block = triton.next_power_of_2(hidden)
         num_warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
+        wait = chain_launch(x.device)
         _RMS_NORM[(num_tokens,)](
             out, new_residual, x2, r2, weight, hidden, eps,
             x2.stride(0), r2.stride(0), out.stride(0), new_residual.stride(0),
             HAS_RESIDUAL=residual is not None, BLOCK=block, TRIGGER=has_pdl(x.device),
-            num_warps=num_warps,
+            WAIT=wait, num_warps=num_warps, **({"launch_pdl": True} if wait else {}),
         )  # fmt: skip
     out = out.view(x.shape)
     if residual is not None:

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
+from kernels.pdl import chain_launch
 
 
 @triton.jit
@@ -47,7 +48,11 @@ def _rotary_embedding_kernel(
     HALF_PAD: tl.constexpr,
     HEADS_PAD: tl.constexpr,
     KV_HEADS_PAD: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
+    if CHAIN:  # a programmatic dependent: wait for the previous kernel, then let the next launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs_d = tl.arange(0, HALF_PAD)
@@ -98,12 +103,14 @@ def rotary_embedding(
     if num_tokens == 0:
         return
     half = rotary_dim // 2
+    chain = chain_launch(query.device)
     _ROTARY[(num_tokens,)](
         positions, query, key, cos_sin_cache, num_heads, key.shape[1],
         *query.stride(), *key.stride(), *cos_sin_cache.stride(),
         HALF=half, HALF_PAD=triton.next_power_of_2(half),
         HEADS_PAD=triton.next_power_of_2(num_heads),
         KV_HEADS_PAD=triton.next_power_of_2(key.shape[1]),
+        CHAIN=chain, **({"launch_pdl": True} if chain else {}),
     )  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
-from kernels.pdl import has_pdl
+from kernels.pdl import chain_launch, has_pdl
 
 
 @triton.jit
@@ -20,7 +20,10 @@ def _silu_and_mul_kernel(
     stride_o_t,
     BLOCK: tl.constexpr,
     TRIGGER: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
+    if WAIT:  # launched as a programmatic dependent: the previous kernel must finish first
+        tl.extra.cuda.gdc_wait()
     if TRIGGER:  # a programmatic dependent (the down projection's INT4 GEMM) may launch now
         tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
@@ -52,9 +55,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and d > 0:
         block = min(triton.next_power_of_2(d), 1024)
+        wait = chain_launch(x.device)
         _SILU_AND_MUL[(x2.shape[0], triton.cdiv(d, block))](
-            out, x2, d, x2.stride(0), out.stride(0), BLOCK=block, TRIGGER=has_pdl(x.device)
-        )
+            out, x2, d, x2.stride(0), out.stride(0), BLOCK=block, TRIGGER=has_pdl(x.device),
+            WAIT=wait, **({"launch_pdl": True} if wait else {}),
+        )  # fmt: skip
     return out.view(*x.shape[:-1], d)
 
 

@@ -1,0 +1,155 @@
+"""Where a decode step's time goes: the engine's wall time per step against the GPU's kernel
+time, and the kernels and host functions that take it (torch.profiler, CUPTI kernel records,
+which cover kernels replayed from CUDA graphs).
+
+An 8B-shaped Llama with random weights (as ``bench_int4_decode.py``), bf16 or with every
+decoder linear on INT4 (``--int4``), ``--batch`` sequences decoding after a prompt of
+``--prompt-len`` tokens; ``--steps`` decode steps are profiled after the same number unprofiled.
+Prints wall us per step, kernel us per step (the sum of kernel durations; they do not overlap
+on one stream), the gap between them (host time the GPU waited for), the top kernels, and the
+top host functions by self time; and the GPU time of the step's CUDA graph replayed back
+to back (no host work between), which is what kernel-level changes move.
+
+    python3 benchmarks/profile_decode.py [--shape 8b] [--batch 1,32] [--int4] [--steps 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_int4_decode import swap_to_int4  # noqa: E402
+from bench_tp import SHAPES, write_model_dir  # noqa: E402
+
+
+def start_decoding(engine, batch: int, prompt_len: int, max_tokens: int, vocab: int, tag: str):
+    """Add ``batch`` requests and step until every one has its first token (prefill done)."""
+    from engine.sampling_params import SamplingParams
+
+    rng = random.Random(f"{tag}-{batch}")
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i in range(batch):
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
+        engine.add_request(f"{tag}-{batch}-{i}", prompt, params)
+    reqs = [*engine.scheduler.waiting, *engine.scheduler.running]
+    while any(not r.output_token_ids for r in reqs):
+        engine.step()
+
+
+def kernel_table(prof, steps: int, top: int) -> tuple[float, list[tuple[str, int, float]]]:
+    """(kernel us per step, [(name, launches per step, us per step)] of the ``top`` largest)."""
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            name = event.name if len(event.name) <= 70 else event.name[:67] + "..."
+            totals[name] += event.device_time_total
+            counts[name] += 1
+    rows = sorted(totals.items(), key=lambda kv: -kv[1])
+    table = [(name, round(counts[name] / steps), us / steps) for name, us in rows[:top]]
+    return sum(totals.values()) / steps, table
+
+
+def host_table(prof, steps: int, top: int) -> list[tuple[str, float]]:
+    """[(host function, self us per step)] of the ``top`` largest CPU self times."""
+    averages = prof.key_averages()
+    rows = sorted(averages, key=lambda a: -a.self_cpu_time_total)[:top]
+    return [(a.key[:70], a.self_cpu_time_total / steps) for a in rows]
+
+
+def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
+    """GPU us of one replay of the decode graph that steps of ``batch`` sequences use, replayed
+    back to back on its last inputs (no host work between replays); nan without graphs."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return float("nan")
+    size = graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]
+    graph = next(g for (s, _), (g, _) in graphs.graphs.items() if s == size)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
+    parser.add_argument("--batch", default="1,32")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--int4", action="store_true", help="decoder linears on INT4")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    args = parser.parse_args()
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    model_dir = write_model_dir(args.shape, Path(tempfile.mkdtemp(prefix="profile-decode-")))
+    config = EngineConfig(
+        model=str(model_dir), dtype="bfloat16", device="cuda", load_format="dummy",
+        max_model_len=2048, gpu_memory_utilization=0.6, enforce_eager=args.enforce_eager,
+    )  # fmt: skip
+    engine = LLMEngine(config)
+    if args.int4:
+        print(f"swapped {swap_to_int4(engine.runner.model)} linear layers to INT4")
+        engine.runner.reset_cuda_graphs()
+    vocab = SHAPES[args.shape]["vocab_size"]
+    form = "int4" if args.int4 else "bf16"
+    mode = "eager" if args.enforce_eager else "CUDA graphs"
+    try:
+        for batch in (int(b) for b in args.batch.split(",")):
+            start_decoding(engine, batch, args.prompt_len, 4 * args.steps + 8, vocab, "p")
+            for _ in range(args.steps):  # warm: compiles, graph captures
+                engine.step()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                engine.step()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / args.steps * 1e6
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.steps):
+                    engine.step()
+                torch.cuda.synchronize()
+            while engine.has_unfinished_requests():
+                engine.step()
+            replay = graph_replay_us(engine, batch)
+            kernel_us, kernels = kernel_table(prof, args.steps, args.top)
+            idle = wall - kernel_us
+            print(
+                f"\n{args.shape} {form}, batch {batch}, {mode}: wall {wall:.0f} us per step "
+                f"(unprofiled), kernels {kernel_us:.0f} us per step, "
+                f"GPU idle {idle:.0f} us ({idle / wall:.0%}); the step's graph replayed "
+                f"alone: {replay:.0f} us"
+            )
+            print("| kernel | launches per step | us per step | share of kernel time |")
+            print("|---|---|---|---|")
+            for name, count, us in kernels:
+                print(f"| `{name}` | {count} | {us:.1f} | {us / kernel_us:.1%} |")
+            print("| host function (self time) | us per step |")
+            print("|---|---|")
+            for name, us in host_table(prof, args.steps, args.top):
+                print(f"| `{name}` | {us:.1f} |")
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
