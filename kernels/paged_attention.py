@@ -798,7 +798,9 @@ class DecodeConfig:
     (CUDA, sm_90+): the merge kernel is launched as a programmatic dependent of the split
     kernel, so its launch overlaps the split kernel's tail instead of following it. ``wait``
     (sm_90+): the decode kernel itself is launched as a programmatic dependent of whatever
-    kernel precedes it and waits for it on entry, so only its launch overlaps that kernel.
+    kernel precedes it and waits for it on entry, so only its launch overlaps that kernel
+    (also done, whatever ``wait`` says, where ``kernels.pdl.chain_launch`` holds and the grid
+    is at most one wave).
     ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
@@ -893,7 +895,18 @@ def _launch_decode(
     is_fused = is_split and config.fused_merge
     trigger = has_pdl(query.device)
     pdl = config.pdl and is_split and not is_fused and trigger
-    wait = (config.wait or chain_launch(query.device, level=2)) and trigger
+    num_groups = num_kv_heads // kv_heads
+    grid = (num_groups, num_kv_splits, num_seqs)
+    # In the chain of dependent launches (kernels.pdl.chain_launch) only a grid of at most one
+    # wave waits early: at batch 32 (256 programs) waiting made an 8B decode step slower on the
+    # H200 (3048 against 3020 us), at batch 1 it saved 25 us (BENCHMARKS.md).
+    wait = trigger and (
+        config.wait
+        or (
+            chain_launch(query.device)
+            and num_groups * num_kv_splits * num_seqs <= num_sms(query.device)
+        )
+    )
     if is_split:
         part_out = torch.empty(
             (num_seqs, num_heads, num_kv_splits, head_dim_pad),
@@ -905,12 +918,10 @@ def _launch_decode(
         )
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
-    num_groups = num_kv_heads // kv_heads
     if is_fused:
         tickets = _ticket_buffer(query.device, num_seqs * num_groups)
     else:  # never touched
         tickets = torch.empty(1, dtype=torch.int32, device=query.device)
-    grid = (num_groups, num_kv_splits, num_seqs)
     _DECODE[grid](
         out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
         scale * _LOG2E, num_kv_splits, sliding_window or 0,

@@ -6,6 +6,12 @@ A kernel that calls ``gdc_launch_dependents`` on entry lets such a dependent be 
 soon as all of its own programs have started; for a kernel whose successor is not a
 programmatic dependent, the call does nothing.
 
+The per-layer kernels (``chain_launch``: norms, rotary, cache writes, activation, and the
+decode attention kernel when its grid is one wave) are such dependents: each waits on entry and
+only then lets its own dependent launch, so the launches of a decode step overlap the kernel
+before them while at most one grid at a time waits early (the INT4 GEMMs let theirs launch on
+entry; what follows them waits).
+
 Weights are read-only once built. The INT4 kernels' ``weights_first`` form
 (``Int4GemmConfig.weights_first``) issues its first loads of a weight's words and scales
 before ``gdc_wait``, so they stream in while the previous kernel finishes; only x, the output
@@ -55,13 +61,16 @@ def has_pdl(device: torch.device) -> bool:
 
 
 @functools.cache
-def _chain_level() -> int:
-    return int(os.environ.get("TIDAL_PDL_CHAIN", "0") or 0)
+def _chain_enabled() -> bool:
+    return os.environ.get("TIDAL_PDL_CHAIN", "1") != "0"
 
 
-def chain_launch(device: torch.device, level: int = 1) -> bool:
-    """Whether the per-layer kernels (norms, rotary, cache writes, activation; the decode
-    attention kernel too at ``level`` 2) are launched as programmatic dependents that wait
-    for the previous kernel on entry and then let their own dependents launch, so each
-    launch overlaps the kernel before it. ``TIDAL_PDL_CHAIN`` (0, 1 or 2; experimental)."""
-    return has_pdl(device) and _chain_level() >= level
+def chain_launch(device: torch.device) -> bool:
+    """Whether the per-layer kernels (norms, rotary, cache writes, activation, and the decode
+    attention kernel where its grid fits one wave) are launched as programmatic dependents:
+    each waits for the previous kernel on entry and only then lets its own dependent launch,
+    so every launch overlaps the kernel before it and no more than one grid waits early. On
+    sm_90+, unless ``TIDAL_PDL_CHAIN=0`` (read once per process). On the H200 this took an
+    8B-shaped model's batch-1 decode step from 2155 to 2019 us of GPU time (BENCHMARKS.md,
+    "Engine end to end", seventeenth session)."""
+    return has_pdl(device) and _chain_enabled()

@@ -156,3 +156,63 @@ def test_rotary_embedding(dtype, head_dim, rotary_dim):
 def test_silu_and_mul(dtype):
     x = (3 * torch.randn(129, 2 * 14336, device="cuda")).to(dtype)
     assert_close(silu_and_mul(x), silu_and_mul_ref(x), dtype, "silu_and_mul")
+
+
+@pytest.mark.parametrize(
+    "op", ["rms_norm", "silu_and_mul", "rotary_embedding", "reshape_and_cache"]
+)
+def test_chained_kernel_waits_for_a_write_that_lands_late(op):
+    """The per-layer kernels run as programmatic dependents (``kernels.pdl.chain_launch``):
+    each launched after a kernel that lets its dependents start at once and writes the op's
+    input only after a long spin must still compute from the new input, eagerly and replayed
+    from a CUDA graph."""
+    import triton
+
+    from kernels.pdl import chain_launch
+    from tests.kernels.test_int4_gemm import assert_eager_and_replayed, late_copy_kernel
+
+    if not chain_launch(torch.device("cuda")):
+        pytest.skip("the chain needs sm_90+ and is off under TIDAL_PDL_CHAIN=0")
+    dtype = torch.bfloat16
+    late_copy = late_copy_kernel()
+    spin = torch.empty(8192, device="cuda")
+    if op in ("rms_norm", "silu_and_mul"):
+        target = torch.empty(5, 4096, device="cuda", dtype=dtype)
+    elif op == "rotary_embedding":
+        target = torch.empty(5, 48 * 128, device="cuda", dtype=dtype)  # fused q, k, v rows
+    else:  # the key rows written into the cache
+        target = torch.empty(5, 8, 128, device="cuda", dtype=dtype)
+    old, new = torch.randn_like(target), torch.randn_like(target)
+    weight = (1 + 0.1 * torch.randn(4096, device="cuda")).to(dtype)
+    positions = torch.tensor([0, 7, 300, 4095, 12], device="cuda")
+    cos_sin = torch.rand(4096, 64, device="cuda") * 6.3
+    cos_sin = torch.cat([cos_sin.cos(), cos_sin.sin()], dim=-1)
+    value = torch.randn(5, 8, 128, device="cuda", dtype=dtype)
+    slots = torch.tensor([3, 17, 40, -1, 62], device="cuda")
+    key_cache = torch.zeros(4, 16, 8, 128, device="cuda", dtype=dtype)
+
+    def run(x, reference=False):  # the op on x (the kernel, or its reference)
+        if op == "rms_norm":
+            return (rms_norm_ref if reference else rms_norm)(x, weight, 1e-5)
+        if op == "silu_and_mul":
+            return (silu_and_mul_ref if reference else silu_and_mul)(x)
+        if op == "rotary_embedding":
+            rows = x.unflatten(-1, (48, 128))
+            rotate = rotary_embedding_ref if reference else rotary_embedding
+            rotate(positions, rows[:, :32], rows[:, 32:40], cos_sin)
+            return x
+        cache = reshape_and_cache_ref if reference else reshape_and_cache
+        cache(x, value, key_cache, torch.zeros_like(key_cache), slots)
+        return key_cache
+
+    ref = run(new.clone(), reference=True).clone()
+
+    def step():
+        key_cache.zero_()
+        target.copy_(old)
+        late_copy[(triton.cdiv(target.numel(), 4096),)](
+            new, target, spin, target.numel(), SPIN=20000, BLOCK=4096
+        )
+        return run(target)
+
+    assert_eager_and_replayed(step, ref, f"{op} after a late write")
