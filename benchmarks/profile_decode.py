@@ -5,10 +5,12 @@ which cover kernels replayed from CUDA graphs).
 An 8B-shaped Llama with random weights (as ``bench_int4_decode.py``), bf16 or with every
 decoder linear on INT4 (``--int4``), ``--batch`` sequences decoding after a prompt of
 ``--prompt-len`` tokens; ``--steps`` decode steps are profiled after the same number unprofiled.
-Prints wall us per step, kernel us per step (the sum of kernel durations; they do not overlap
-on one stream), the gap between them (host time the GPU waited for), the top kernels, and the
-top host functions by self time; and the GPU time of the step's CUDA graph replayed back
-to back (no host work between), which is what kernel-level changes move.
+Prints wall us per step; the host time of each phase of ``engine.step()`` (unprofiled steps;
+the sampler's phase holds the wait for the GPU); kernel us per step (the sum of kernel
+durations, which overcounts once kernels launch as programmatic dependents: their records
+include their wait) and the gap to the wall time; the top kernels and the top host functions
+by self time; and the GPU time of the step's CUDA graph replayed back to back (no host work
+between), which is what kernel-level changes move.
 
     python3 benchmarks/profile_decode.py [--shape 8b] [--batch 1,32] [--int4] [--steps 16]
 """
@@ -87,6 +89,52 @@ def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
     return start.elapsed_time(end) * 1e3 / replays
 
 
+class PhaseTimer:
+    """Host seconds spent in each of the engine's step phases (its scheduler, the runner's
+    flatten and graph replay and logits, the sampler, whose result read waits for the GPU,
+    and the update), by wrapping those methods on this engine's objects; the rest of
+    ``step`` (its per-request loop) is the step's wall time less their sum."""
+
+    PHASES = {
+        "schedule": ("scheduler", "schedule"),
+        "flatten": ("runner", "flatten"),
+        "graph inputs + replay": ("runner", "_decode_graph"),
+        "forward without a decode graph": ("runner", "_hidden"),
+        "logits": ("runner", "_logits"),
+        "update_after_step": ("scheduler", "update_after_step"),
+        "sampler (waits for the GPU)": ("sampler", None),
+    }
+
+    def __init__(self, engine) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.engine = engine
+        self.saved = []
+        for phase, (owner_name, method) in self.PHASES.items():
+            owner = getattr(engine, owner_name)
+            if method is None:  # the engine calls the sampler object itself
+                self._wrap(engine, owner_name, owner, phase)
+            else:
+                self._wrap(owner, method, getattr(owner, method), phase)
+
+    def _wrap(self, obj, name: str, fn, phase: str) -> None:
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[phase] += time.perf_counter() - start
+
+        self.saved.append((obj, name, obj.__dict__.get(name)))
+        setattr(obj, name, timed)
+
+    def restore(self) -> None:
+        for obj, name, old in reversed(self.saved):
+            if old is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
@@ -119,11 +167,13 @@ def main() -> None:
             for _ in range(args.steps):  # warm: compiles, graph captures
                 engine.step()
             torch.cuda.synchronize()
+            timer = PhaseTimer(engine)
             start = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - start) / args.steps * 1e6
+            timer.restore()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.steps):
                     engine.step()
@@ -139,6 +189,12 @@ def main() -> None:
                 f"GPU idle {idle:.0f} us ({idle / wall:.0%}); the step's graph replayed "
                 f"alone: {replay:.0f} us"
             )
+            phases = {k: v / args.steps * 1e6 for k, v in timer.totals.items()}
+            phases["rest of step()"] = wall - sum(phases.values())
+            print("| host phase of step() | us per step |")
+            print("|---|---|")
+            for phase, us in phases.items():
+                print(f"| {phase} | {us:.0f} |")
             print("| kernel | launches per step | us per step | share of kernel time |")
             print("|---|---|---|---|")
             for name, count, us in kernels:
