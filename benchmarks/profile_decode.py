@@ -72,11 +72,12 @@ def host_table(prof, steps: int, top: int) -> list[tuple[str, float]]:
 
 
 def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
-    """GPU us of one replay of the decode graph that steps of ``batch`` sequences use, replayed
-    back to back on its last inputs (no host work between replays); nan without graphs."""
+    """(GPU us of one replay of the decode graph that steps of ``batch`` sequences use,
+    replayed back to back on its last inputs with no host work between; host us that
+    ``replay()`` takes to return from an idle queue); nans without graphs."""
     graphs = engine.runner.graphs
     if graphs is None:
-        return float("nan")
+        return float("nan"), float("nan")
     size = graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]
     graph = next(g for (s, _), (g, _) in graphs.graphs.items() if s == size)
     graph.replay()
@@ -86,7 +87,13 @@ def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
+    gpu_us = start.elapsed_time(end) * 1e3 / replays
+    torch.cuda.synchronize()
+    host = time.perf_counter()
+    graph.replay()  # one launch from an idle queue: the host's cost of a replay alone
+    host_us = (time.perf_counter() - host) * 1e6
+    torch.cuda.synchronize()
+    return gpu_us, host_us
 
 
 class PhaseTimer:
@@ -180,14 +187,14 @@ def main() -> None:
                 torch.cuda.synchronize()
             while engine.has_unfinished_requests():
                 engine.step()
-            replay = graph_replay_us(engine, batch)
+            replay, launch = graph_replay_us(engine, batch)
             kernel_us, kernels = kernel_table(prof, args.steps, args.top)
             idle = wall - kernel_us
             print(
                 f"\n{args.shape} {form}, batch {batch}, {mode}: wall {wall:.0f} us per step "
                 f"(unprofiled), kernels {kernel_us:.0f} us per step, "
                 f"GPU idle {idle:.0f} us ({idle / wall:.0%}); the step's graph replayed "
-                f"alone: {replay:.0f} us"
+                f"alone: {replay:.0f} us (its replay() call: {launch:.0f} us of host time)"
             )
             phases = {k: v / args.steps * 1e6 for k, v in timer.totals.items()}
             phases["rest of step()"] = wall - sum(phases.values())
