@@ -233,13 +233,23 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64 (8 warps
     at M = 33-64 in fragment order), ``_WIDE_128`` up to 128, then ``_LARGE_WIDE``: x tiles
     of 256 rows (half of them zeros at M = 129-255), warp-specialized (a producer warp issues
-    the TMA refills), two wgmmas in flight."""
+    the TMA refills), two wgmmas in flight.
+
+    Up to M = 64 the kernel is launched as a programmatic dependent that copies its ring's
+    first weight tiles before it waits (``weights_first``, form 3 of ``int4_wgmma_swap``). In
+    the engine the kernel before it is an ``rms_norm`` of a few programs, and an 8B-shaped
+    decode step took 24 / 37 us less GPU time at batch 1 / 32 (seventeenth session); timed
+    back to back with itself (``bench_int4_gemm.py``) it was 0.4-0.8 us slower per call
+    (sixteenth session), its early programs sharing the multiprocessors with a running GEMM."""
     if m > 128:
         return _LARGE_WIDE
     if m > 64:
         return _WIDE_128
     rows = max(8, 1 << (m - 1).bit_length())
-    return Int4GemmConfig("wgmma", rows, 128, 128, 1, 8 if frag and rows >= 64 else 4, 4, swap=True)
+    warps = 8 if frag and rows >= 64 else 4
+    return Int4GemmConfig(
+        "wgmma", rows, 128, 128, 1, warps, 4, swap=True, pdl=True, weights_first=True
+    )
 
 
 def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
