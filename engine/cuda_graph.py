@@ -24,6 +24,7 @@ same size whose longest context picks the same count.
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
 from collections.abc import Callable
@@ -35,6 +36,14 @@ from engine.attention import AttentionMetadata
 from engine.ops import Ops
 
 CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
+
+
+def host_tensor(values: list[int], typecode: str) -> torch.Tensor:
+    """A CPU tensor of ``values`` through ``array.array`` (``"q"``: int64, ``"i"``: int32),
+    about 3x faster than ``torch.tensor`` on a long list: a decode step's block tables hold
+    every block of every sequence, rebuilt each step."""
+    dtype = torch.int64 if typecode == "q" else torch.int32
+    return torch.frombuffer(array.array(typecode, values), dtype=dtype)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -103,13 +112,10 @@ class DecodeGraphs:
         """Hidden states [size, hidden] of a decode step (rows past ``len(input_ids)`` are
         padding), in the graph's output buffer: valid until the next replay."""
         n = len(input_ids)
-        host = torch.zeros((4, size), dtype=torch.int64)
-        host[0, :n] = torch.tensor(input_ids)
-        host[1, :n] = torch.tensor(positions)
-        host[2].fill_(-1)  # padding rows must write no slot: a stale one may be live
-        host[2, :n] = torch.tensor(slots)
-        host[3, :n] = torch.tensor(seq_lens)  # padding rows: 0, no key read
-        host = host.to(self.device)
+        pad = [0] * (size - n)
+        # padding rows write no slot (a stale one may be live) and read no key (length 0)
+        rows = input_ids + pad + positions + pad + slots + [-1] * (size - n) + seq_lens + pad
+        host = host_tensor(rows, "q").view(4, size).to(self.device)
         self.input_ids[:size].copy_(host[0])
         self.positions[:size].copy_(host[1])
         self.slot_mapping[:size].copy_(host[2])
@@ -117,8 +123,12 @@ class DecodeGraphs:
         # Only the step's own rows and width: the kernels read a row's entries below its
         # seq_len only, so what earlier steps left past them is never read.
         width = max(map(len, tables))
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        self.block_tables[:n, :width].copy_(table)
+        flat: list[int] = []
+        for t in tables:
+            flat += t
+            if len(t) < width:
+                flat += [0] * (width - len(t))
+        self.block_tables[:n, :width].copy_(host_tensor(flat, "i").view(n, width))
         max_seq_len = max(seq_lens)
         key = (size, self.num_splits(size, max_seq_len))
         if key not in self.graphs:

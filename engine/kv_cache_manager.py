@@ -20,12 +20,11 @@ class KVCacheManager:
         self.block_size = block_size
 
     def _extend_hashes(self, req: Request, num_full_blocks: int) -> None:
-        tokens = req.all_token_ids
         bs = self.block_size
         while len(req.block_hashes) < num_full_blocks:
             i = len(req.block_hashes)
             parent = req.block_hashes[-1] if i else None
-            req.block_hashes.append(hash_block_tokens(parent, tokens[i * bs : (i + 1) * bs]))
+            req.block_hashes.append(hash_block_tokens(parent, req.token_ids(i * bs, (i + 1) * bs)))
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
         """The longest run of the request's leading full blocks already in the prefix cache.
@@ -70,11 +69,14 @@ class KVCacheManager:
             return False
         self.pool.touch(computed)
         req.blocks.extend(computed)
+        req.block_ids.extend(b.block_id for b in computed)
         req.num_registered_blocks = len(req.blocks) if computed else req.num_registered_blocks
         num_tokens = req.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_new_blocks = cdiv(num_tokens, self.block_size) - len(req.blocks)
         if num_new_blocks > 0:
-            req.blocks.extend(self.pool.allocate(num_new_blocks))
+            new = self.pool.allocate(num_new_blocks)
+            req.blocks.extend(new)
+            req.block_ids.extend(b.block_id for b in new)
         return True
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -91,4 +93,5 @@ class KVCacheManager:
         """Return the request's blocks, tail first (evicted before the shareable head)."""
         self.pool.free(list(reversed(req.blocks)))
         req.blocks = []
+        req.block_ids = []
         req.num_registered_blocks = 0

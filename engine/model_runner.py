@@ -15,7 +15,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
-from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, token_capture_sizes
+from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, host_tensor, token_capture_sizes
 from engine.distributed import TensorParallel
 from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
@@ -131,7 +131,7 @@ class ModelRunner:
         for req, num_new in sched.scheduled:
             start = req.num_computed_tokens
             end = start + num_new
-            step.input_ids.extend(req.all_token_ids[start:end])
+            step.input_ids.extend(req.token_ids(start, end))
             step.positions.extend(range(start, end))
             block_ids = req.block_ids
             for b in range(start // bs, (end - 1) // bs + 1):  # a run of slots per block
@@ -164,9 +164,9 @@ class ModelRunner:
         ints[lens_at : lens_at + s] = step.seq_lens
         for i, t in enumerate(step.tables):
             ints[tables_at + i * width : tables_at + i * width + len(t)] = t
-        tokens = torch.tensor([step.input_ids, step.positions, step.slots], dtype=torch.int64)
-        tokens = tokens.to(self.device)
-        rows = torch.tensor(ints, dtype=torch.int32).to(self.device)
+        tokens = host_tensor(step.input_ids + step.positions + step.slots, "q")
+        tokens = tokens.view(3, -1).to(self.device)
+        rows = host_tensor(ints, "i").to(self.device)
         meta = AttentionMetadata(
             query_start_loc=rows[: s + 1],
             seq_lens=rows[lens_at : lens_at + s],

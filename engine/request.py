@@ -60,6 +60,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
     blocks: list[Any] = field(default_factory=list)  # KVCacheBlock, owned by the scheduler
+    block_ids: list[int] = field(default_factory=list)  # their ids, kept beside them
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache keys of full blocks
     num_registered_blocks: int = 0  # leading blocks registered in the prefix cache
     leader: Request | None = None  # n > 1: wait for this sibling's prompt to be cached
@@ -80,9 +81,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """``all_token_ids[start:end]`` without building the whole list (a decode step takes
+        one token of a sequence that may hold thousands)."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - num_prompt]
 
     @property
     def num_prompt_tokens(self) -> int:

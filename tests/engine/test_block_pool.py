@@ -95,3 +95,31 @@ def test_allocate_slots_counts_free_cached_hits_against_capacity():
     assert pool.num_free_blocks == 3 and b.blocks == []
     assert kv.allocate_slots(b, 4, hits)  # a chunk of 4 fits: 2 hits + 1 new
     assert b.block_ids == [0, 1, 2]
+
+
+def test_token_ids_slices_prompt_and_output_as_one_list():
+    req = make_request("r", [5, 6, 7, 8])
+    req.output_token_ids = [1, 2, 3]
+    whole = req.prompt_token_ids + req.output_token_ids
+    for start in range(len(whole) + 1):
+        for end in range(start, len(whole) + 2):
+            assert req.token_ids(start, end) == whole[start:end], (start, end)
+
+
+def test_block_ids_follow_the_blocks_through_hits_growth_and_free():
+    pool = BlockPool(8, enable_caching=True)
+    mgr = KVCacheManager(pool, block_size=BS)
+    a = make_request("a", list(range(10)))
+    assert mgr.allocate_slots(a, 10)
+    a.num_computed_tokens = 10
+    mgr.cache_full_blocks(a)
+    b = make_request("b", list(range(9)) + [99])
+    hits = mgr.get_computed_blocks(b)
+    assert mgr.allocate_slots(b, 10 - 4 * len(hits), hits)
+    b.num_computed_tokens = 10
+    assert mgr.allocate_slots(b, 3)  # grows into a fourth block
+    for req in (a, b):
+        assert req.block_ids == [blk.block_id for blk in req.blocks], req.request_id
+    assert b.block_ids[:2] == a.block_ids[:2] and len(b.block_ids) == 4
+    mgr.free(b)
+    assert b.blocks == [] and b.block_ids == []
