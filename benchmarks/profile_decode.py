@@ -13,6 +13,7 @@ by self time; and the GPU time of the step's CUDA graph replayed back to back (n
 between), which is what kernel-level changes move.
 
     python3 benchmarks/profile_decode.py [--shape 8b] [--batch 1,32] [--int4] [--steps 16]
+    python3 benchmarks/profile_decode.py --device cpu --shape tiny --batch 32 --prompt-len 4000
 """
 
 from __future__ import annotations
@@ -151,57 +152,73 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--int4", action="store_true", help="decoder linears on INT4")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument(
+        "--device", default="cuda", choices=["cuda", "cpu"],
+        help="cpu: fp32, the host phases only (no kernel table, no graph)",
+    )  # fmt: skip
     args = parser.parse_args()
+    cuda = args.device == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
 
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
     model_dir = write_model_dir(args.shape, Path(tempfile.mkdtemp(prefix="profile-decode-")))
     config = EngineConfig(
-        model=str(model_dir), dtype="bfloat16", device="cuda", load_format="dummy",
-        max_model_len=2048, gpu_memory_utilization=0.6, enforce_eager=args.enforce_eager,
+        model=str(model_dir), dtype="bfloat16" if cuda else "float32", device=args.device,
+        load_format="dummy", max_model_len=max(2048, args.prompt_len + 4 * args.steps + 16),
+        max_num_batched_tokens=max(2048, args.prompt_len), gpu_memory_utilization=0.6,
+        enforce_eager=args.enforce_eager,
     )  # fmt: skip
     engine = LLMEngine(config)
     if args.int4:
         print(f"swapped {swap_to_int4(engine.runner.model)} linear layers to INT4")
         engine.runner.reset_cuda_graphs()
     vocab = SHAPES[args.shape]["vocab_size"]
-    form = "int4" if args.int4 else "bf16"
-    mode = "eager" if args.enforce_eager else "CUDA graphs"
+    form = "int4" if args.int4 else ("bf16" if cuda else "fp32")
+    mode = "eager" if args.enforce_eager or not cuda else "CUDA graphs"
     try:
         for batch in (int(b) for b in args.batch.split(",")):
             start_decoding(engine, batch, args.prompt_len, 4 * args.steps + 8, vocab, "p")
             for _ in range(args.steps):  # warm: compiles, graph captures
                 engine.step()
-            torch.cuda.synchronize()
+            sync()
             timer = PhaseTimer(engine)
             start = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()
-            torch.cuda.synchronize()
+            sync()
             wall = (time.perf_counter() - start) / args.steps * 1e6
             timer.restore()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(args.steps):
-                    engine.step()
-                torch.cuda.synchronize()
+            head = f"\n{args.shape} {form}, batch {batch}, {mode}: wall {wall:.0f} us per step"
+            if cuda:
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(args.steps):
+                        engine.step()
+                    sync()
             while engine.has_unfinished_requests():
                 engine.step()
-            replay, launch = graph_replay_us(engine, batch)
-            kernel_us, kernels = kernel_table(prof, args.steps, args.top)
-            idle = wall - kernel_us
-            print(
-                f"\n{args.shape} {form}, batch {batch}, {mode}: wall {wall:.0f} us per step "
-                f"(unprofiled), kernels {kernel_us:.0f} us per step, "
-                f"GPU idle {idle:.0f} us ({idle / wall:.0%}); the step's graph replayed "
-                f"alone: {replay:.0f} us (its replay() call: {launch:.0f} us of host time)"
-            )
+            if cuda:
+                replay, launch = graph_replay_us(engine, batch)
+                kernel_us, kernels = kernel_table(prof, args.steps, args.top)
+                idle = wall - kernel_us
+                head += (
+                    f" (unprofiled), kernels {kernel_us:.0f} us per step, GPU idle {idle:.0f} us "
+                    f"({idle / wall:.0%}); the step's graph replayed alone: {replay:.0f} us (its "
+                    f"replay() call: {launch:.0f} us of host time)"
+                )
+            print(head)
             phases = {k: v / args.steps * 1e6 for k, v in timer.totals.items()}
             phases["rest of step()"] = wall - sum(phases.values())
             print("| host phase of step() | us per step |")
             print("|---|---|")
             for phase, us in phases.items():
                 print(f"| {phase} | {us:.0f} |")
+            if not cuda:
+                continue
             print("| kernel | launches per step | us per step | share of kernel time |")
             print("|---|---|---|---|")
             for name, count, us in kernels:
