@@ -71,6 +71,6 @@ def chain_launch(device: torch.device) -> bool:
     each waits for the previous kernel on entry and only then lets its own dependent launch,
     so every launch overlaps the kernel before it and no more than one grid waits early. On
     sm_90+, unless ``TIDAL_PDL_CHAIN=0`` (read once per process). On the H200 this took an
-    8B-shaped model's batch-1 decode step from 2155 to 2019 us of GPU time (BENCHMARKS.md,
-    "Engine end to end", seventeenth session)."""
+    8B-shaped INT4 model's batch-1 decode step from 2152-2164 to 2028 us of GPU time
+    (BENCHMARKS.md, "Engine end to end", seventeenth session)."""
     return has_pdl(device) and _chain_enabled()
