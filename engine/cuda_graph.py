@@ -38,6 +38,13 @@ from engine.ops import Ops
 CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
 
 
+def put_rows(buf: list[int], at: int, rows: list[list[int]], width: int) -> None:
+    """Write ``rows`` into ``buf`` from index ``at`` as a ``len(rows) x width`` row-major
+    table; ``buf`` holds what goes past each row's end (the caller's padding)."""
+    for i, row in enumerate(rows):
+        buf[at + i * width : at + i * width + len(row)] = row
+
+
 def host_tensor(values: list[int], typecode: str) -> torch.Tensor:
     """A CPU tensor of ``values`` through ``array.array`` (``"q"``: int64, ``"i"``: int32),
     about 3x faster than ``torch.tensor`` on a long list: a decode step's block tables hold
@@ -123,11 +130,8 @@ class DecodeGraphs:
         # Only the step's own rows and width: the kernels read a row's entries below its
         # seq_len only, so what earlier steps left past them is never read.
         width = max(map(len, tables))
-        flat: list[int] = []
-        for t in tables:
-            flat += t
-            if len(t) < width:
-                flat += [0] * (width - len(t))
+        flat = [0] * (n * width)
+        put_rows(flat, 0, tables, width)
         self.block_tables[:n, :width].copy_(host_tensor(flat, "i").view(n, width))
         max_seq_len = max(seq_lens)
         key = (size, self.num_splits(size, max_seq_len))

@@ -15,7 +15,13 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.config import EngineConfig
-from engine.cuda_graph import DecodeGraphs, PiecewiseGraphs, host_tensor, token_capture_sizes
+from engine.cuda_graph import (
+    DecodeGraphs,
+    PiecewiseGraphs,
+    host_tensor,
+    put_rows,
+    token_capture_sizes,
+)
 from engine.distributed import TensorParallel
 from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
@@ -162,8 +168,7 @@ class ModelRunner:
         ints = [0] * (tables_at + s * width)
         ints[: s + 1] = step.starts
         ints[lens_at : lens_at + s] = step.seq_lens
-        for i, t in enumerate(step.tables):
-            ints[tables_at + i * width : tables_at + i * width + len(t)] = t
+        put_rows(ints, tables_at, step.tables, width)
         tokens = host_tensor(step.input_ids + step.positions + step.slots, "q")
         tokens = tokens.view(3, -1).to(self.device)
         rows = host_tensor(ints, "i").to(self.device)

@@ -238,9 +238,11 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     Up to M = 64 the kernel is launched as a programmatic dependent that copies its ring's
     first weight tiles before it waits (``weights_first``, form 3 of ``int4_wgmma_swap``). In
     the engine the kernel before it is an ``rms_norm`` of a few programs, and an 8B-shaped
-    decode step took 24 / 37 us less GPU time at batch 1 / 32 (seventeenth session); timed
-    back to back with itself (``bench_int4_gemm.py``) it was 0.4-0.8 us slower per call
-    (sixteenth session), its early programs sharing the multiprocessors with a running GEMM."""
+    decode step took 24 / 37 us less GPU time at batch 1 / 32 (seventeenth session). Timed
+    back to back with itself (``bench_int4_gemm.py``, where its early programs share the
+    multiprocessors with a running GEMM) it was 0.4-0.8 us slower per call in the sixteenth
+    session and within that benchmark's spread in the seventeenth (24.1 against 23.8 us at
+    M = 1, 25.4 against 26.2 at M = 16)."""
     if m > 128:
         return _LARGE_WIDE
     if m > 64:

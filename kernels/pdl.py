@@ -9,8 +9,9 @@ programmatic dependent, the call does nothing.
 The per-layer kernels (``chain_launch``: norms, rotary, cache writes, activation, and the
 decode attention kernel when its grid is one wave) are such dependents: each waits on entry and
 only then lets its own dependent launch, so the launches of a decode step overlap the kernel
-before them while at most one grid at a time waits early (the INT4 GEMMs let theirs launch on
-entry; what follows them waits).
+before them while at most one grid at a time waits early (the register mma INT4 kernels let
+theirs launch on entry, the swapped kernel's weights-first form after its main loop; what
+follows them waits).
 
 Weights are read-only once built. The INT4 kernels' ``weights_first`` form
 (``Int4GemmConfig.weights_first``) issues its first loads of a weight's words and scales
