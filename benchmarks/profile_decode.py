@@ -6,7 +6,7 @@ An 8B-shaped Llama with random weights (as ``bench_int4_decode.py``), bf16 or wi
 decoder linear on INT4 (``--int4``), ``--batch`` sequences decoding after a prompt of
 ``--prompt-len`` tokens; ``--steps`` decode steps are profiled after the same number unprofiled.
 Prints wall us per step; the host time of each phase of ``engine.step()`` (unprofiled steps;
-the sampler's phase holds the wait for the GPU); kernel us per step (the sum of kernel
+the read-back of the samples holds the wait for the GPU); kernel us per step (the sum of kernel
 durations, which overcounts once kernels launch as programmatic dependents: their records
 include their wait) and the gap to the wall time; the top kernels and the top host functions
 by self time; and the GPU time of the step's CUDA graph replayed back to back (no host work
@@ -110,19 +110,19 @@ class PhaseTimer:
         "forward without a decode graph": ("runner", "_hidden"),
         "logits": ("runner", "_logits"),
         "update_after_step": ("scheduler", "update_after_step"),
-        "sampler (waits for the GPU)": ("sampler", None),
+        "sampler (launch)": ("sampler", "launch"),
+        "samples read back (waits for the GPU)": (None, "result"),
     }
 
     def __init__(self, engine) -> None:
         self.totals: dict[str, float] = defaultdict(float)
         self.engine = engine
         self.saved = []
+        from engine.sampler import PendingSample
+
         for phase, (owner_name, method) in self.PHASES.items():
-            owner = getattr(engine, owner_name)
-            if method is None:  # the engine calls the sampler object itself
-                self._wrap(engine, owner_name, owner, phase)
-            else:
-                self._wrap(owner, method, getattr(owner, method), phase)
+            owner = PendingSample if owner_name is None else getattr(engine, owner_name)
+            self._wrap(owner, method, getattr(owner, method), phase)
 
     def _wrap(self, obj, name: str, fn, phase: str) -> None:
         def timed(*args, **kwargs):
@@ -153,6 +153,10 @@ def main() -> None:
     parser.add_argument("--int4", action="store_true", help="decoder linears on INT4")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument(
+        "--scheduling", choices=("sync", "async"), default="async",
+        help="async: step n + 1 launched before step n's samples are read back (default)",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", choices=["cuda", "cpu"],
         help="cpu: fp32, the host phases only (no kernel table, no graph)",
     )  # fmt: skip
@@ -171,7 +175,7 @@ def main() -> None:
         model=str(model_dir), dtype="bfloat16" if cuda else "float32", device=args.device,
         load_format="dummy", max_model_len=max(2048, args.prompt_len + 4 * args.steps + 16),
         max_num_batched_tokens=max(2048, args.prompt_len), gpu_memory_utilization=0.6,
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, async_scheduling=args.scheduling == "async",
     )  # fmt: skip
     engine = LLMEngine(config)
     if args.int4:
@@ -180,6 +184,7 @@ def main() -> None:
     vocab = SHAPES[args.shape]["vocab_size"]
     form = "int4" if args.int4 else ("bf16" if cuda else "fp32")
     mode = "eager" if args.enforce_eager or not cuda else "CUDA graphs"
+    mode += f", {args.scheduling} scheduling"
     try:
         for batch in (int(b) for b in args.batch.split(",")):
             start_decoding(engine, batch, args.prompt_len, 4 * args.steps + 8, vocab, "p")
@@ -210,6 +215,9 @@ def main() -> None:
                     f"({idle / wall:.0%}); the step's graph replayed alone: {replay:.0f} us (its "
                     f"replay() call: {launch:.0f} us of host time)"
                 )
+            graphs = engine.runner.graphs
+            if graphs is not None:
+                head += f"; decode graphs captured so far: {len(graphs.graphs)}"
             print(head)
             phases = {k: v / args.steps * 1e6 for k, v in timer.totals.items()}
             phases["rest of step()"] = wall - sum(phases.values())

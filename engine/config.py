@@ -28,7 +28,9 @@ class EngineConfig:
     on CUDA (minus what the model took), else 1 GiB on CPU. On CUDA, unless
     ``enforce_eager`` is set, decode steps replay from CUDA graphs and other steps of up to
     ``max_cudagraph_capture_size`` tokens from piecewise ones (``engine/cuda_graph.py``; 0:
-    those run eagerly), on every tensor-parallel rank alike.
+    those run eagerly), on every tensor-parallel rank alike. With ``async_scheduling`` (on
+    by default with CUDA) the host schedules and launches step n + 1 while the GPU still
+    runs step n, feeding it step n's samples on the device (``LLMEngine.step``).
     """
 
     model: str | None = None
@@ -46,6 +48,8 @@ class EngineConfig:
     max_cudagraph_capture_size: int = 2048  # as max_num_batched_tokens: every step
     tensor_parallel_size: int = 1
     load_format: str = "auto"  # "dummy": random weights, nothing read (benchmarks)
+    # None: on with CUDA, off on CPU (where the forward runs on the calling thread anyway).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -86,6 +90,11 @@ class EngineConfig:
         if self.enforce_eager:
             return 0
         return min(self.max_cudagraph_capture_size, self.max_num_batched_tokens)
+
+    def resolve_async_scheduling(self, device: torch.device) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return device.type == "cuda"
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

@@ -34,6 +34,7 @@ import torch
 
 from engine.attention import AttentionMetadata
 from engine.ops import Ops
+from engine.transfer import copy_to_device
 
 CAPTURE_SIZES = [1, 2, 4, *range(8, 513, 8)]
 
@@ -50,7 +51,15 @@ def host_tensor(values: list[int], typecode: str) -> torch.Tensor:
     about 3x faster than ``torch.tensor`` on a long list: a decode step's block tables hold
     every block of every sequence, rebuilt each step."""
     dtype = torch.int64 if typecode == "q" else torch.int32
+    if not values:  # frombuffer refuses an empty buffer
+        return torch.empty(0, dtype=dtype)
     return torch.frombuffer(array.array(typecode, values), dtype=dtype)
+
+
+def to_device(values: list[int], typecode: str, device: torch.device) -> torch.Tensor:
+    """``values`` on ``device`` (``typecode`` as in ``host_tensor``) without making the host
+    wait for the GPU (``engine.transfer.copy_to_device``)."""
+    return copy_to_device(host_tensor(values, typecode), device)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -115,24 +124,34 @@ class DecodeGraphs:
         seq_lens: list[int],
         tables: list[list[int]],
         size: int,
+        gather: tuple[list[int], list[int], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states [size, hidden] of a decode step (rows past ``len(input_ids)`` are
-        padding), in the graph's output buffer: valid until the next replay."""
+        padding), in the graph's output buffer: valid until the next replay. ``gather``
+        (rows, source rows, source): ``input_ids[rows[i]]`` is ``source[source rows[i]]``,
+        a token sampled by the previous step and not read back yet; ``input_ids`` holds
+        placeholders there."""
         n = len(input_ids)
         pad = [0] * (size - n)
         # padding rows write no slot (a stale one may be live) and read no key (length 0)
         rows = input_ids + pad + positions + pad + slots + [-1] * (size - n) + seq_lens + pad
-        host = host_tensor(rows, "q").view(4, size).to(self.device)
-        self.input_ids[:size].copy_(host[0])
-        self.positions[:size].copy_(host[1])
-        self.slot_mapping[:size].copy_(host[2])
-        self.seq_lens[:size].copy_(host[3])
+        if gather is not None:  # tokens the previous step sampled, still on the device
+            rows += gather[0] + gather[1]
+        host = to_device(rows, "q", self.device)
+        self.input_ids[:size].copy_(host[:size])
+        self.positions[:size].copy_(host[size : 2 * size])
+        self.slot_mapping[:size].copy_(host[2 * size : 3 * size])
+        self.seq_lens[:size].copy_(host[3 * size : 4 * size])
+        if gather is not None:
+            k = len(gather[0])
+            index = host[4 * size : 4 * size + k]
+            self.input_ids.index_copy_(0, index, gather[2][host[4 * size + k :]])
         # Only the step's own rows and width: the kernels read a row's entries below its
         # seq_len only, so what earlier steps left past them is never read.
         width = max(map(len, tables))
         flat = [0] * (n * width)
         put_rows(flat, 0, tables, width)
-        self.block_tables[:n, :width].copy_(host_tensor(flat, "i").view(n, width))
+        self.block_tables[:n, :width].copy_(to_device(flat, "i", self.device).view(n, width))
         max_seq_len = max(seq_lens)
         key = (size, self.num_splits(size, max_seq_len))
         if key not in self.graphs:

@@ -5,20 +5,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from engine.block_pool import BlockPool
 from engine.config import EngineConfig, RuntimeInfo
 from engine.detokenizer import IncrementalDetokenizer
 from engine.distributed import RankWorkers, TensorParallel, start_rank_workers
 from engine.kv_cache_manager import KVCacheManager, cdiv
 from engine.loader import load_model_files
-from engine.model_runner import build_runner, resolve_max_model_len
+from engine.model_runner import PendingTokens, build_runner, resolve_max_model_len
 from engine.models.config import ModelConfig
 from engine.models.llama import check_tensor_parallel
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from engine.request import Request, RequestStatus
-from engine.sampler import Sampler
+from engine.sampler import PendingSample, Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.transfer import copy_to_device
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class EngineStats:
     prefix_cache_hits_total: int  # tokens found there
     prompt_tokens_total: int
     generation_tokens_total: int
+
+
+@dataclass
+class _Inflight:
+    """A step whose samples are launched on the device and not read back yet."""
+
+    requests: list[Request]
+    sample: PendingSample
 
 
 @dataclass
@@ -113,6 +124,8 @@ class LLMEngine:
                 eos.update(source)
         self.eos_token_ids = eos
         self.sampler = Sampler(device, seed=config.seed, eos_token_ids=eos)
+        self._async = config.resolve_async_scheduling(device)
+        self._inflight: _Inflight | None = None
         self._parents: dict[str, list[Request]] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -133,6 +146,18 @@ class LLMEngine:
             for proc in workers.processes:
                 proc.kill()
             workers.stop()
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether ``step`` launches the next step before reading back the previous one."""
+        return self._async
+
+    @async_scheduling.setter
+    def async_scheduling(self, value: bool) -> None:
+        """Switch between steps; refused while a step's samples are still in flight."""
+        if self._inflight is not None:
+            raise RuntimeError("a step's samples are in flight: step until they are read back")
+        self._async = bool(value)
 
     @property
     def max_model_len(self) -> int:
@@ -252,21 +277,68 @@ class LLMEngine:
 
     # --------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample, update; returns the requests that finished."""
+        """Schedule, run the model, sample, update; returns the requests that finished.
+
+        With asynchronous scheduling (``EngineConfig.async_scheduling``) a call launches step
+        n + 1 before it reads back step n's samples, so the host's work between two steps
+        (reading back and checking one step's tokens, scheduling and launching the next)
+        runs while the GPU computes. Step n + 1 takes each request's step-n token on the
+        device. A request that stops on that token has one token too many computed for it;
+        that token is dropped and its row is not sampled. The tokens, stop checks and
+        random draws are those of synchronous steps; only the steps' composition can differ
+        (a request that stops frees its blocks a step later).
+        """
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        logits = self.runner.execute(sched)
+        launched = None
+        if not sched.is_empty:
+            # the requests whose rows the step's logits hold, in batch order (as ``flatten``)
+            owners = [
+                req
+                for req, num_new in sched.scheduled
+                if req.num_computed_tokens + num_new == req.num_tokens_with_pending
+            ]
+            launched = sched, self.runner.execute(sched, self._pending_tokens()), owners
+        outputs = self._read_back() if self._inflight is not None else []
+        if launched is None:
+            return outputs
+        sched, logits, owners = launched
         sampling = self.scheduler.update_after_step(sched)
         for req, num_new in sched.scheduled:
             if req.output_token_ids == [] and req.num_computed_tokens <= req.num_prompt_tokens:
                 self._prompt_tokens_total += num_new
         if not sampling:
-            return []
-        sampled = self.sampler(logits, sampling)
+            return outputs
+        if len(sampling) < len(owners):  # some stopped on the token the step before sampled
+            keep = [i for i, req in enumerate(owners) if not req.is_finished]
+            assert len(keep) == len(sampling)
+            logits = logits[copy_to_device(torch.tensor(keep), logits.device)]
+        self._inflight = _Inflight(sampling, self.sampler.launch(logits, sampling))
+        if self._async:
+            for req in sampling:
+                req.num_pending_tokens = 1
+        else:
+            outputs += self._read_back()
+        return outputs
+
+    def _pending_tokens(self) -> PendingTokens | None:
+        inflight = self._inflight
+        if inflight is None:
+            return None
+        rows = {req: i for i, req in enumerate(inflight.requests)}
+        return PendingTokens(inflight.sample.token_ids, rows)
+
+    def _read_back(self) -> list[RequestOutput]:
+        """Wait for the step in flight's samples and apply them: append each token, check
+        the stop conditions; returns the requests that finished."""
+        inflight, self._inflight = self._inflight, None
+        assert inflight is not None
+        sampled = inflight.sample.result()
         now = time.monotonic()
         finished_parents: list[str] = []
-        for i, req in enumerate(sampling):
+        for i, req in enumerate(inflight.requests):
+            req.num_pending_tokens = 0
+            if req.is_finished:  # aborted while its token was in flight
+                continue
             token = sampled.sampled_token_ids[i]
             req.output_token_ids.append(token)
             self._generation_tokens_total += 1

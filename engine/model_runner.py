@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,8 +18,8 @@ from engine.config import EngineConfig
 from engine.cuda_graph import (
     DecodeGraphs,
     PiecewiseGraphs,
-    host_tensor,
     put_rows,
+    to_device,
     token_capture_sizes,
 )
 from engine.distributed import TensorParallel
@@ -27,6 +27,7 @@ from engine.loader import ModelFiles, load_model_files
 from engine.models.config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.ops import Ops, ops_for_device
+from engine.request import Request
 from engine.scheduler import SchedulerOutput
 
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
@@ -44,6 +45,19 @@ class _Step:
     tables: list[list[int]]
     logit_rows: list[int]
     max_query_len: int
+    # Placeholders in input_ids for tokens the previous step sampled (``PendingTokens``):
+    # their flat positions and their rows in the previous step's samples.
+    gather_at: list[int] = field(default_factory=list)
+    gather_rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PendingTokens:
+    """Tokens sampled by the step before, still on the device (asynchronous scheduling):
+    ``token_ids [rows]`` and, for each request with a pending token, its row there."""
+
+    token_ids: torch.Tensor
+    rows: dict[Request, int]
 
 
 class ModelRunner:
@@ -130,14 +144,23 @@ class ModelRunner:
             # that failed must still reach the bounded teardown (``RankWorkers.stop``).
             gc.collect()
 
-    def flatten(self, sched: SchedulerOutput) -> _Step:
-        """The step's tokens, flattened, as host lists."""
+    def flatten(self, sched: SchedulerOutput, pending: PendingTokens | None = None) -> _Step:
+        """The step's tokens, flattened, as host lists. A request's pending token (sampled
+        by the step before, not read back yet) gets a placeholder and a ``gather`` entry."""
         bs = self.block_size
         step = _Step([], [], [], [0], [], [], [], max(n for _, n in sched.scheduled))
         for req, num_new in sched.scheduled:
             start = req.num_computed_tokens
             end = start + num_new
-            step.input_ids.extend(req.token_ids(start, end))
+            known = req.num_tokens
+            if end > known:  # only the last token can be pending (a decode of one token)
+                assert pending is not None and end == known + 1, "a pending token has no source"
+                step.input_ids.extend(req.token_ids(start, known))
+                step.gather_at.append(len(step.input_ids))
+                step.gather_rows.append(pending.rows[req])
+                step.input_ids.append(0)
+            else:
+                step.input_ids.extend(req.token_ids(start, end))
             step.positions.extend(range(start, end))
             block_ids = req.block_ids
             for b in range(start // bs, (end - 1) // bs + 1):  # a run of slots per block
@@ -146,7 +169,7 @@ class ModelRunner:
             step.starts.append(step.starts[-1] + num_new)
             step.seq_lens.append(end)
             step.tables.append(block_ids)
-            if end == req.num_tokens:
+            if end == req.num_tokens_with_pending:
                 step.logit_rows.append(step.starts[-1] - 1)
         return step
 
@@ -157,10 +180,13 @@ class ModelRunner:
         step = self.flatten(sched)
         return (*self._tensors(step), step.logit_rows)
 
-    def _tensors(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _tensors(
+        self, step: _Step, pending: PendingTokens | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """The step on the device, in two copies: the per-token rows (int64) and the
         per-sequence ones (int32: query_start_loc, seq_lens and the block tables, each
-        starting 16-byte aligned, as kernels specialize on it)."""
+        starting 16-byte aligned, as kernels specialize on it). Pending tokens are gathered
+        into the input ids on the device."""
         s = len(step.seq_lens)
         width = max(len(t) for t in step.tables)
         lens_at = -(-(s + 1) // 4) * 4
@@ -169,33 +195,44 @@ class ModelRunner:
         ints[: s + 1] = step.starts
         ints[lens_at : lens_at + s] = step.seq_lens
         put_rows(ints, tables_at, step.tables, width)
-        tokens = host_tensor(step.input_ids + step.positions + step.slots, "q")
-        tokens = tokens.view(3, -1).to(self.device)
-        rows = host_tensor(ints, "i").to(self.device)
+        n = len(step.input_ids)
+        k = len(step.gather_at)
+        tokens = to_device(
+            step.input_ids + step.positions + step.slots + step.gather_at + step.gather_rows,
+            "q",
+            self.device,
+        )
+        ids = tokens[:n]
+        if k:
+            assert pending is not None
+            ids.index_copy_(0, tokens[3 * n : 3 * n + k], pending.token_ids[tokens[3 * n + k :]])
+        rows = to_device(ints, "i", self.device)
         meta = AttentionMetadata(
             query_start_loc=rows[: s + 1],
             seq_lens=rows[lens_at : lens_at + s],
             block_tables=rows[tables_at:].view(s, width),
-            slot_mapping=tokens[2],
+            slot_mapping=tokens[2 * n : 3 * n],
             max_query_len=step.max_query_len,
             max_seq_len=max(step.seq_lens),
         )
-        return tokens[0], tokens[1], meta
+        return ids, tokens[n : 2 * n], meta
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+    def execute(self, sched: SchedulerOutput, pending: PendingTokens | None = None) -> torch.Tensor:
         """Run the step; float32 logits [num_sampling_rows, vocab] for the requests that sample
-        (those whose scheduled tokens reach the end of their known tokens), in batch order.
-        Under tensor parallelism the step's inputs go to the other ranks first."""
-        step = self.flatten(sched)
-        rows = torch.tensor(step.logit_rows, dtype=torch.long, device=self.device)
+        (those whose scheduled tokens reach the end of their known and pending tokens), in
+        batch order. ``pending``: the tokens the step before sampled that the host has not
+        read back (asynchronous scheduling); nothing here waits for the GPU. Under tensor
+        parallelism the step's inputs go to the other ranks first."""
+        step = self.flatten(sched, pending)
+        rows = to_device(step.logit_rows, "q", self.device)
         tensors = None
         if self.tp.is_enabled:
-            tensors = self._tensors(step)
+            tensors = self._tensors(step, pending)
             self.tp.send_step(*tensors, rows)
-        hidden = self._decode_graph(step)
+        hidden = self._decode_graph(step, pending)
         if hidden is None:
-            hidden = self._hidden(*(tensors or self._tensors(step)))
+            hidden = self._hidden(*(tensors or self._tensors(step, pending)))
         logits = self._logits(hidden, rows)
         assert logits is not None  # rank 0 always gets the gathered logits
         return logits
@@ -227,7 +264,9 @@ class ModelRunner:
         self._logits(hidden, rows)
         return True
 
-    def _decode_graph(self, step: _Step) -> torch.Tensor | None:
+    def _decode_graph(
+        self, step: _Step, pending: PendingTokens | None = None
+    ) -> torch.Tensor | None:
         """Hidden states of a decode-only step from its CUDA graph (rows past the step's
         sequences are padding), or None where no graph takes the step."""
         if self.graphs is None or step.max_query_len != 1:
@@ -235,8 +274,12 @@ class ModelRunner:
         size = self.graphs.padded_size(len(step.input_ids), max(map(len, step.tables)))
         if size is None:
             return None
+        gather = None
+        if step.gather_at:
+            assert pending is not None
+            gather = (step.gather_at, step.gather_rows, pending.token_ids)
         return self.graphs.run(
-            step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size
+            step.input_ids, step.positions, step.slots, step.seq_lens, step.tables, size, gather
         )
 
     def _hidden(

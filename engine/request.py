@@ -57,6 +57,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens sampled on the device by a step whose results the host has not read back yet
+    # (asynchronous scheduling: 0 or 1). The next step already computes them.
+    num_pending_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
     blocks: list[Any] = field(default_factory=list)  # KVCacheBlock, owned by the scheduler
@@ -104,9 +107,16 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_tokens_with_pending(self) -> int:
+        """Tokens known and pending: what the scheduler schedules up to."""
+        return self.num_tokens + self.num_pending_tokens
+
+    @property
     def is_prefill(self) -> bool:
         """True while prompt tokens (or, after preemption, recomputed ones) remain uncomputed."""
-        return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
+        if not self.output_token_ids and not self.num_pending_tokens:
+            return True
+        return self.num_computed_tokens < self.num_tokens_with_pending - 1
 
     @property
     def is_finished(self) -> bool:

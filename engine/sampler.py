@@ -19,6 +19,7 @@ import torch
 
 from engine.outputs import Logprob
 from engine.request import Request
+from engine.transfer import copy_to_device
 
 # Candidate counts tried by top-p before falling back to a full sort of the row.
 _TOP_P_CANDIDATES = (64, 1024)
@@ -37,6 +38,54 @@ class SamplerOutput:
 
     sampled_token_ids: list[int]
     logprobs: list[dict[int, Logprob] | None]
+
+
+class PendingSample:
+    """One step's samples, launched on the device and not read back yet.
+
+    ``token_ids [rows]`` (int64, on the sampler's device) can feed the next step before the
+    host has seen them. ``result()`` waits for this step's sampling only: its values are
+    copied into pinned host memory behind the sampling kernels and an event marks the copy's
+    end, so work queued on the stream after it (the next step's forward) is not waited for.
+    """
+
+    def __init__(
+        self,
+        token_ids: torch.Tensor,
+        logprob_parts: tuple[torch.Tensor, ...] | None,
+        logprob_rows: list[int],
+        num_top: list[int],
+        num_rows: int,
+    ) -> None:
+        self.token_ids = token_ids
+        self._logprob_rows = logprob_rows
+        self._num_top = num_top
+        self._num_rows = num_rows
+        parts = (token_ids, *(logprob_parts or ()))
+        self._event = None
+        if token_ids.device.type == "cuda":
+            parts = tuple(
+                torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p, non_blocking=True)
+                for p in parts
+            )
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._parts = parts
+        self._result: SamplerOutput | None = None
+
+    def result(self) -> SamplerOutput:
+        """The samples as host values (waits for the copy behind this step's sampling)."""
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            ids = self._parts[0].tolist()
+            logprobs: list[dict[int, Logprob] | None] = [None] * self._num_rows
+            if len(self._parts) > 1:
+                rows = _logprob_rows(ids, self._logprob_rows, self._parts[1:], self._num_top)
+                for i, row in zip(self._logprob_rows, rows, strict=True):
+                    logprobs[i] = row
+            self._result = SamplerOutput(sampled_token_ids=ids, logprobs=logprobs)
+        return self._result
 
 
 class Sampler:
@@ -64,6 +113,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
         """Sample one token per row. ``logits [num_rows, vocab]`` (any float dtype), row ``i``
         belongs to ``requests[i]``. ``logits`` itself is not modified."""
+        return self.launch(logits, requests).result()
+
+    def launch(self, logits: torch.Tensor, requests: Sequence[Request]) -> PendingSample:
+        """``__call__`` without waiting: the sampling is queued on the device and read back by
+        ``result()``. Nothing here waits for the GPU except top-p (``top_p < 1``), whose
+        candidate search checks on the host whether a row needs a wider look."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits must be [num_rows, vocab] with one row per request; got shape "
@@ -71,7 +126,7 @@ class Sampler:
             )
         num_rows = len(requests)
         if num_rows == 0:
-            return SamplerOutput([], [])
+            return PendingSample(torch.empty(0, dtype=torch.long), None, [], [], 0)
         params = [r.sampling_params for r in requests]
         raw = logits.to(device=self.device, dtype=torch.float32)
 
@@ -95,22 +150,17 @@ class Sampler:
             index = self._index(random_rows)
             sampled_ids[index] = self._sample(processed[index], [requests[i] for i in random_rows])
 
-        logprobs: list[dict[int, Logprob] | None] = [None] * num_rows
+        num_top = [params[i].logprobs or 0 for i in logprob_rows]
+        parts = None
         if raw_logprobs is not None:
-            rows_out = self._gather_logprobs(
-                raw_logprobs,
-                sampled_ids[self._index(logprob_rows)],
-                [params[i].logprobs or 0 for i in logprob_rows],
-            )
-            for i, row in zip(logprob_rows, rows_out, strict=True):
-                logprobs[i] = row
-        return SamplerOutput(sampled_token_ids=sampled_ids.tolist(), logprobs=logprobs)
+            parts = _logprob_tensors(raw_logprobs, sampled_ids[self._index(logprob_rows)], num_top)
+        return PendingSample(sampled_ids, parts, logprob_rows, num_top, num_rows)
 
     def _index(self, rows: list[int]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return copy_to_device(torch.tensor(rows, dtype=torch.long), self.device)
 
     def _tensor(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32).to(self.device, non_blocking=True)
+        return copy_to_device(torch.tensor(values, dtype=torch.float32), self.device)
 
     # ----------------------------------------------------------------------------------------
     # Logit processing
@@ -206,7 +256,7 @@ class Sampler:
         for i, tokens in enumerate(token_lists):
             padded[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
             padded[i, len(tokens) :] = tokens[0] if pad is None else pad
-        return padded.to(self.device, non_blocking=True)
+        return copy_to_device(padded, self.device)
 
     # ----------------------------------------------------------------------------------------
     # Random sampling
@@ -226,7 +276,8 @@ class Sampler:
         inv_temperature = (1.0 / temperature)[:, None]
         row_max = logits.amax(dim=-1, keepdim=True)
         weights = torch.addcmul(-row_max * inv_temperature, logits, inv_temperature).exp_()
-        if bool(torch.isfinite(threshold).any()):
+        vocab_size = logits.shape[1]
+        if any(p.min_p > 0 or 0 < p.top_k < vocab_size or p.top_p < 1.0 for p in params):
             weights.masked_fill_(logits < threshold[:, None], 0.0)
 
         uniform = torch.empty(len(requests), dtype=torch.float64, device=self.device)
@@ -246,36 +297,42 @@ class Sampler:
             request.generator = generator
         return request.generator
 
-    # ----------------------------------------------------------------------------------------
-    # Logprobs
 
-    def _gather_logprobs(
-        self, logprobs: torch.Tensor, sampled_ids: torch.Tensor, num_top: list[int]
-    ) -> list[dict[int, Logprob]]:
-        """``logprobs [rows, vocab]`` raw log-softmax; returns, per row, the sampled token and
-        the row's top-``num_top[i]`` tokens with their 1-based ranks."""
-        sampled_logprobs = logprobs.gather(1, sampled_ids[:, None])  # [rows, 1]
-        sampled_ranks = (logprobs > sampled_logprobs).sum(dim=-1) + 1
-        max_top = max(num_top)
-        top_values: list[list[float]] = []
-        top_ids: list[list[int]] = []
-        if max_top > 0:
-            values, ids = logprobs.topk(max_top, dim=-1)
-            top_values, top_ids = values.tolist(), ids.tolist()
-        rows: list[dict[int, Logprob]] = []
-        sampled = zip(
-            sampled_ids.tolist(),
-            sampled_logprobs[:, 0].tolist(),
-            sampled_ranks.tolist(),
-            strict=True,
-        )
-        for i, (token_id, value, rank) in enumerate(sampled):
-            row = {token_id: Logprob(logprob=value, rank=rank)}
-            for k in range(num_top[i]):
-                if top_ids[i][k] not in row:
-                    row[top_ids[i][k]] = Logprob(logprob=top_values[i][k], rank=k + 1)
-            rows.append(row)
-        return rows
+def _logprob_tensors(
+    logprobs: torch.Tensor, sampled_ids: torch.Tensor, num_top: list[int]
+) -> tuple[torch.Tensor, ...]:
+    """From ``logprobs [rows, vocab]`` (raw log-softmax) and each row's sampled id, on the
+    device: the sampled tokens' logprobs and 1-based ranks, and the rows' top
+    ``max(num_top)`` logprobs and ids when any row asks for some."""
+    sampled_logprobs = logprobs.gather(1, sampled_ids[:, None])[:, 0]
+    sampled_ranks = (logprobs > sampled_logprobs[:, None]).sum(dim=-1) + 1
+    max_top = max(num_top)
+    if max_top == 0:
+        return (sampled_logprobs, sampled_ranks)
+    values, ids = logprobs.topk(max_top, dim=-1)
+    return (sampled_logprobs, sampled_ranks, values, ids)
+
+
+def _logprob_rows(
+    sampled_ids: list[int],
+    rows: list[int],
+    parts: tuple[torch.Tensor, ...],
+    num_top: list[int],
+) -> list[dict[int, Logprob]]:
+    """Per logprob row (``rows``, indices into ``sampled_ids``), the sampled token and the
+    row's top-``num_top[i]`` tokens with their ranks, from ``_logprob_tensors``' values."""
+    sampled_logprobs, sampled_ranks = parts[0].tolist(), parts[1].tolist()
+    top_values = parts[2].tolist() if len(parts) > 2 else []
+    top_ids = parts[3].tolist() if len(parts) > 2 else []
+    out: list[dict[int, Logprob]] = []
+    for i, row_index in enumerate(rows):
+        token_id = sampled_ids[row_index]
+        row = {token_id: Logprob(logprob=sampled_logprobs[i], rank=sampled_ranks[i])}
+        for k in range(num_top[i]):
+            if top_ids[i][k] not in row:
+                row[top_ids[i][k]] = Logprob(logprob=top_values[i][k], rank=k + 1)
+        out.append(row)
+    return out
 
 
 def _has_penalty(request: Request) -> bool:
@@ -305,25 +362,25 @@ def sampling_thresholds(
 
     if any(m > 0 for m in min_p):
         # p_i >= min_p * p_max  <=>  x_i >= x_max + T * log(min_p)
-        log_min_p = torch.tensor(min_p, dtype=torch.float32).log().to(device)
+        log_min_p = copy_to_device(torch.tensor(min_p, dtype=torch.float32).log(), device)
         threshold = torch.maximum(threshold, logits.amax(dim=-1) + temperature * log_min_p)
 
     k_rows = [i for i, k in enumerate(top_k) if 0 < k < vocab_size]
     if k_rows:
-        index = torch.tensor(k_rows).to(device)
-        k = torch.tensor([top_k[i] for i in k_rows]).to(device)
+        index = copy_to_device(torch.tensor(k_rows), device)
+        k = copy_to_device(torch.tensor([top_k[i] for i in k_rows]), device)
         values = logits[index].topk(max(top_k[i] for i in k_rows), dim=-1).values
         kth = values.gather(1, (k - 1)[:, None])[:, 0]
         threshold[index] = torch.maximum(threshold[index], kth)
 
     p_rows = [i for i, p in enumerate(top_p) if p < 1.0]
     if p_rows:
-        index = torch.tensor(p_rows).to(device)
+        index = copy_to_device(torch.tensor(p_rows), device)
         rows = logits[index]
         scaled = (rows / temperature[index][:, None]).masked_fill_(
             rows < threshold[index][:, None], float("-inf")
         )
-        p = torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64).to(device)
+        p = copy_to_device(torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64), device)
         boundary_ids = _top_p_boundary(scaled, p)
         threshold[index] = rows.gather(1, boundary_ids[:, None])[:, 0]
     return threshold

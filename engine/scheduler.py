@@ -76,7 +76,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if _pending_is_last(req):
+                i += 1
+                continue
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()  # the worst running request
                 self._preempt(victim)
@@ -97,9 +100,12 @@ class Scheduler:
             if leader is not None and not leader.is_finished and leader.is_prefill:
                 skipped.append(self.waiting.pop(0))  # share the sibling's prompt blocks later
                 continue
+            if _pending_is_last(req):  # preempted with its last token in flight
+                skipped.append(self.waiting.pop(0))
+                continue
             computed = self.kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             num_computed = req.num_computed_tokens + len(computed) * self.kv.block_size
-            num_new = min(req.num_tokens - num_computed, budget)
+            num_new = min(req.num_tokens_with_pending - num_computed, budget)
             if len(self.running) >= self.max_num_seqs or not self.kv.can_fit(
                 req, num_new, computed
             ):
@@ -149,12 +155,18 @@ class Scheduler:
         self._insert_waiting(req)
 
     def update_after_step(self, out: SchedulerOutput) -> list[Request]:
-        """Advance computed counters and cache full blocks; return requests that now sample."""
+        """Advance computed counters and cache full blocks; return requests that now sample.
+
+        A request that finished since the step was scheduled (it stopped on the token the step
+        before sampled, read back only now under asynchronous scheduling, or was aborted) is
+        skipped: its blocks are gone and its step's token is discarded."""
         sampling = []
         for req, num_new in out.scheduled:
+            if req.is_finished:
+                continue
             req.num_computed_tokens += num_new
             self.kv.cache_full_blocks(req)
-            if req.num_computed_tokens == req.num_tokens:
+            if req.num_computed_tokens == req.num_tokens_with_pending:
                 sampling.append(req)
         return sampling
 
@@ -168,3 +180,12 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req)
         self._order.pop(req.request_id, None)
+
+
+def _pending_is_last(req: Request) -> bool:
+    """The request's pending token (asynchronous scheduling) is its last one (``max_tokens``,
+    which also keeps it within the model's length): the request ends when that token is read
+    back, so there is nothing left to compute for it."""
+    return req.num_pending_tokens > 0 and req.num_output_tokens + req.num_pending_tokens >= (
+        req.max_tokens
+    )

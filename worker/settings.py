@@ -28,6 +28,8 @@ class WorkerSettings(ProducerSettings):
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # True: no CUDA graphs (every step launches eagerly)
+    # None: on with CUDA; True/False forces it (engine.config.EngineConfig.async_scheduling)
+    async_scheduling: bool | None = None
     max_cudagraph_capture_size: int = Field(
         default=2048, ge=0, description="steps with prefill tokens up to this many tokens "
         "replay piecewise CUDA graphs (0: eager)"
@@ -96,6 +98,7 @@ class WorkerSettings(ProducerSettings):
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
+            async_scheduling=self.async_scheduling,
             max_cudagraph_capture_size=self.max_cudagraph_capture_size,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,

@@ -124,3 +124,63 @@ def test_piecewise_graphs_above_512_tokens_pad_to_multiples_of_64(tiny_dir):
                 kv_cache_memory_bytes=64 << 20)  # fmt: skip
     graphs = _generate_eager_and_with_graphs(tiny_dir, prompts, params, args)
     assert {832, 96} <= set(graphs.engine.runner.piecewise.graphs), graphs.engine.runner.piecewise
+
+
+def test_async_scheduling_on_cuda_equals_sync(tiny_dir):
+    """With CUDA graphs, asynchronous scheduling (the default on CUDA) gives the synchronous
+    steps' outputs: stops on tokens and strings, seeds, logprobs, penalties, n = 2, a cached
+    prefix, chunked prefill (``test_async_scheduling.py`` has the CPU side)."""
+    from tests.engine.test_async_scheduling import mixed_params, prompts
+
+    args = dict(device="cuda", dtype="float32", max_num_batched_tokens=48, max_num_seqs=6,
+                kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    sync = LLM(model=str(tiny_dir), async_scheduling=False, **args)
+    asyn = LLM(model=str(tiny_dir), **args)
+    assert asyn.engine._async and asyn.engine.runner.graphs is not None
+    batch = prompts(24)
+    params = mixed_params(sync, batch)
+    want = sync.generate(batch, params)
+    got = asyn.generate(batch, params)
+    # The steps' compositions differ (a stopped request's extra row, blocks freed a step
+    # later), and on the GPU a row's float32 logits can move in their last bits with the
+    # batch (GEMM tilings): tokens, text and stops must agree exactly, logprobs closely.
+    for w, g in zip(want, got, strict=True):
+        for cw, cg in zip(w.outputs, g.outputs, strict=True):
+            assert (cg.token_ids, cg.text, cg.finish_reason, cg.stop_reason) == (
+                cw.token_ids, cw.text, cw.finish_reason, cw.stop_reason,
+            ), w.request_id  # fmt: skip
+            if cw.logprobs is not None:
+                for pw, pg in zip(cw.logprobs, cg.logprobs, strict=True):
+                    assert pg.keys() == pw.keys()
+                    for t in pw:
+                        assert pg[t].logprob == pytest.approx(pw[t].logprob, abs=1e-4)
+    assert asyn.engine.runner.graphs.graphs, "no decode step replayed a graph"
+
+
+def test_async_decode_steps_never_wait_for_the_gpu(tiny_dir):
+    """Once its graphs are captured, an asynchronous decode step makes no call that waits for
+    the stream (a blocking copy, ``.item()``, ``.tolist()`` of a device tensor): torch's sync
+    debug mode raises on any. The one wait, for the previous step's samples, is on an event
+    recorded right behind them, so the step just launched keeps the GPU busy meanwhile."""
+    llm = LLM(model=str(tiny_dir), device="cuda", dtype="float32", max_num_batched_tokens=256,
+              kv_cache_memory_bytes=64 << 20)  # fmt: skip
+    engine = llm.engine
+    gen = torch.Generator().manual_seed(4)
+    for i, seed in enumerate((None, 11, None, 12)):
+        prompt = torch.randint(100, 40000, (20 + i,), generator=gen).tolist()
+        params = SamplingParams(temperature=0.0 if seed is None else 0.8, seed=seed,
+                                max_tokens=40, ignore_eos=True, top_k=0 if seed is None else 50,
+                                logprobs=2 if i == 1 else None)  # fmt: skip
+        engine.add_request(str(i), prompt, params)
+    for _ in range(4):  # the prefill, then decodes that capture the batch's graph
+        assert engine.step() == []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(20):
+            assert engine.step() == []
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    done = []
+    while engine.has_unfinished_requests():
+        done += engine.step()
+    assert sorted(len(o.outputs[0].token_ids) for o in done) == [40] * 4
