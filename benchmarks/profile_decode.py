@@ -170,11 +170,16 @@ def main() -> None:
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
 
+    batches = [int(b) for b in args.batch.split(",")]
+    budget = max(2048, args.prompt_len)  # max_num_batched_tokens
+    # Enough tokens that no request ends before the profiled steps are over: the first
+    # prompts decode while the later ones prefill, one budget of tokens per step.
+    max_tokens = 4 * args.steps + 8 + -(-max(batches) * args.prompt_len // budget)
     model_dir = write_model_dir(args.shape, Path(tempfile.mkdtemp(prefix="profile-decode-")))
     config = EngineConfig(
         model=str(model_dir), dtype="bfloat16" if cuda else "float32", device=args.device,
-        load_format="dummy", max_model_len=max(2048, args.prompt_len + 4 * args.steps + 16),
-        max_num_batched_tokens=max(2048, args.prompt_len), gpu_memory_utilization=0.6,
+        load_format="dummy", max_model_len=max(2048, args.prompt_len + max_tokens + 16),
+        max_num_batched_tokens=budget, gpu_memory_utilization=0.6,
         enforce_eager=args.enforce_eager, async_scheduling=args.scheduling == "async",
     )  # fmt: skip
     engine = LLMEngine(config)
@@ -186,8 +191,8 @@ def main() -> None:
     mode = "eager" if args.enforce_eager or not cuda else "CUDA graphs"
     mode += f", {args.scheduling} scheduling"
     try:
-        for batch in (int(b) for b in args.batch.split(",")):
-            start_decoding(engine, batch, args.prompt_len, 4 * args.steps + 8, vocab, "p")
+        for batch in batches:
+            start_decoding(engine, batch, args.prompt_len, max_tokens, vocab, "p")
             for _ in range(args.steps):  # warm: compiles, graph captures
                 engine.step()
             sync()

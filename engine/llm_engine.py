@@ -125,6 +125,7 @@ class LLMEngine:
         self.eos_token_ids = eos
         self.sampler = Sampler(device, seed=config.seed, eos_token_ids=eos)
         self._async = config.resolve_async_scheduling(device)
+        self.sampler.wait_free = self._async and device.type == "cuda"
         self._inflight: _Inflight | None = None
         self._parents: dict[str, list[Request]] = {}
         self._prompt_tokens_total = 0
@@ -158,6 +159,7 @@ class LLMEngine:
         if self._inflight is not None:
             raise RuntimeError("a step's samples are in flight: step until they are read back")
         self._async = bool(value)
+        self.sampler.wait_free = self._async and self.runtime.device.type == "cuda"
 
     @property
     def max_model_len(self) -> int:

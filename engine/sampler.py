@@ -91,9 +91,13 @@ class PendingSample:
 class Sampler:
     """Samples the next token of every row of a batch of logits.
 
-    ``seed`` seeds the generator shared by unseeded rows (random when None). While a request
-    has fewer than ``min_tokens`` outputs, its ``eos_token_id``, ``eos_token_ids`` (every id
-    that ends a generation) and its stop token ids are masked. Requests with
+    ``seed`` seeds the generator shared by unseeded rows (random when None). ``wait_free``
+    (set by an engine with asynchronous scheduling on CUDA) makes top-p sort its rows
+    outright instead of checking on the host whether its top 64 or 1024 candidates cover
+    them, a check that waits for the GPU (the same boundaries, from more work on the device).
+    While a request has fewer than ``min_tokens`` outputs, its ``eos_token_id``,
+    ``eos_token_ids`` (every id that ends a generation) and its stop token ids are masked.
+    Requests with
     ``sampling_params.seed`` get their own ``torch.Generator`` on ``device``, created on first
     use and stored in ``request.generator`` (seeded with ``seed + request.index`` so that the
     ``n`` sequences of one seeded request differ); that is the only change made to a request.
@@ -105,6 +109,7 @@ class Sampler:
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.generator = torch.Generator(device=self.device)
+        self.wait_free = False
         if seed is None:
             self.generator.seed()
         else:
@@ -117,8 +122,9 @@ class Sampler:
 
     def launch(self, logits: torch.Tensor, requests: Sequence[Request]) -> PendingSample:
         """``__call__`` without waiting: the sampling is queued on the device and read back by
-        ``result()``. Nothing here waits for the GPU except top-p (``top_p < 1``), whose
-        candidate search checks on the host whether a row needs a wider look."""
+        ``result()``. Nothing here waits for the GPU, except top-p (``top_p < 1``) unless
+        ``wait_free``: its candidate search checks on the host whether a row needs a wider
+        look."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits must be [num_rows, vocab] with one row per request; got shape "
@@ -271,6 +277,7 @@ class Sampler:
             [p.top_k for p in params],
             [p.top_p for p in params],
             [p.min_p for p in params],
+            wait_free=self.wait_free,
         )
         # Weights exp((x - max) / T), zero below the row's threshold.
         inv_temperature = (1.0 / temperature)[:, None]
@@ -346,6 +353,7 @@ def sampling_thresholds(
     top_k: list[int],
     top_p: list[float],
     min_p: list[float],
+    wait_free: bool = False,
 ) -> torch.Tensor:
     """Per row of ``logits [rows, vocab]`` (before temperature), the smallest logit that
     survives min-p, top-k and top-p at the row's ``temperature [rows]`` (> 0); -inf keeps all.
@@ -354,7 +362,8 @@ def sampling_thresholds(
     tokens with probability >= ``min_p`` times the row's highest. Top-k keeps every token whose
     logit is >= the k-th largest. Top-p keeps the most likely tokens until their probability
     (after min-p and top-k) sums to >= p. Being thresholds, ties at a boundary are all kept and
-    nothing depends on how a sort orders equal values.
+    nothing depends on how a sort orders equal values. ``wait_free``: top-p sorts whole rows
+    at once, never checking on the host whether fewer candidates would do.
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
@@ -381,20 +390,24 @@ def sampling_thresholds(
             rows < threshold[index][:, None], float("-inf")
         )
         p = copy_to_device(torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64), device)
-        boundary_ids = _top_p_boundary(scaled, p)
+        candidates = () if wait_free else _TOP_P_CANDIDATES
+        boundary_ids = _top_p_boundary(scaled, p, candidates)
         threshold[index] = rows.gather(1, boundary_ids[:, None])[:, 0]
     return threshold
 
 
-def _top_p_boundary(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _top_p_boundary(
+    scaled: torch.Tensor, top_p: torch.Tensor, candidates: tuple[int, ...] = _TOP_P_CANDIDATES
+) -> torch.Tensor:
     """Per row of ``scaled [rows, vocab]`` (logits / T, masked), the id of the least likely
     token among the most likely ones whose probabilities first sum to >= ``top_p [rows]``.
-    Tries the top 64, then the top 1024 candidates, and sorts only the rows still uncovered."""
+    Tries the top ``candidates`` in turn (64, then 1024) and sorts only the rows still
+    uncovered; with none, sorts every row (nothing read back to the host)."""
     num_rows, vocab_size = scaled.shape
     log_total = torch.logsumexp(scaled, dim=-1, keepdim=True).double()
     boundary_ids = torch.empty(num_rows, dtype=torch.long, device=scaled.device)
     pending = torch.arange(num_rows, device=scaled.device)
-    for num_candidates in (*_TOP_P_CANDIDATES, vocab_size):
+    for num_candidates in (*candidates, vocab_size):
         rows = scaled[pending]
         if num_candidates >= vocab_size:
             values, ids = rows.sort(dim=-1, descending=True)
@@ -453,12 +466,13 @@ def apply_sampling_filters(
     top_p: list[float],
     min_p: list[float] | None = None,
     temperature: list[float] | None = None,
+    wait_free: bool = False,
 ) -> torch.Tensor:
     """``logits [rows, vocab]`` with what min-p, top-k and top-p remove set to -inf (see
     ``sampling_thresholds``; temperature 1 unless given). Returns a new tensor."""
     num_rows = logits.shape[0]
     temps = torch.tensor(temperature or [1.0] * num_rows, dtype=torch.float32)
     threshold = sampling_thresholds(
-        logits, temps.to(logits.device), top_k, top_p, min_p or [0.0] * num_rows
+        logits, temps.to(logits.device), top_k, top_p, min_p or [0.0] * num_rows, wait_free
     )
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))

@@ -85,7 +85,9 @@ def mixed_params(sync: LLM, batch: list[list[int]]) -> list[SamplingParams]:
         elif kind == 5:
             p = SamplingParams(temperature=0.0, max_tokens=24, stop=[tok.decode(toks[7:9])])
         elif kind == 6:
-            p = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, max_tokens=18, seed=i)
+            p = SamplingParams(
+                temperature=0.7, top_k=20, min_p=0.05, top_p=0.9, max_tokens=18, seed=i
+            )
         else:
             p = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2)
         params.append(p)

@@ -161,7 +161,8 @@ def test_async_decode_steps_never_wait_for_the_gpu(tiny_dir):
     """Once its graphs are captured, an asynchronous decode step makes no call that waits for
     the stream (a blocking copy, ``.item()``, ``.tolist()`` of a device tensor): torch's sync
     debug mode raises on any. The one wait, for the previous step's samples, is on an event
-    recorded right behind them, so the step just launched keeps the GPU busy meanwhile."""
+    recorded right behind them, so the step just launched keeps the GPU busy meanwhile.
+    Sampling with top-k and top-p included (top-p sorts its rows then: ``wait_free``)."""
     llm = LLM(model=str(tiny_dir), device="cuda", dtype="float32", max_num_batched_tokens=256,
               kv_cache_memory_bytes=64 << 20)  # fmt: skip
     engine = llm.engine
@@ -170,6 +171,7 @@ def test_async_decode_steps_never_wait_for_the_gpu(tiny_dir):
         prompt = torch.randint(100, 40000, (20 + i,), generator=gen).tolist()
         params = SamplingParams(temperature=0.0 if seed is None else 0.8, seed=seed,
                                 max_tokens=40, ignore_eos=True, top_k=0 if seed is None else 50,
+                                top_p=1.0 if seed is None else 0.9,
                                 logprobs=2 if i == 1 else None)  # fmt: skip
         engine.add_request(str(i), prompt, params)
     for _ in range(4):  # the prefill, then decodes that capture the batch's graph

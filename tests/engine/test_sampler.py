@@ -141,9 +141,9 @@ def test_seeded_generator_created_once_and_n_sequences_differ():
     assert [t[0] for t in tokens] != [t[1] for t in tokens]
 
 
-def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None):
+def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None, wait_free=False):
     temperature = temperature or [1.0] * logits.shape[0]
-    masked = apply_sampling_filters(logits, top_k, top_p, min_p, temperature)
+    masked = apply_sampling_filters(logits, top_k, top_p, min_p, temperature, wait_free)
     for i in range(logits.shape[0]):
         params = SamplingParams(
             top_k=top_k[i], top_p=top_p[i], min_p=min_p[i], temperature=temperature[i]
@@ -154,17 +154,19 @@ def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None):
         assert torch.equal(masked[i][sorted(kept)], logits[i][sorted(kept)])
 
 
-def test_top_k_top_p_min_p_masks_match_reference():
+@pytest.mark.parametrize("wait_free", [False, True], ids=["candidates", "sorted"])
+def test_top_k_top_p_min_p_masks_match_reference(wait_free):
     logits = random_logits(48, seed=3, scale=3.0)
     top_k = [0, 1, 5, 17, 49, 50, 3, 0] * 6
     top_p = [0.3, 1.0, 0.9, 0.5, 0.99, 1.0, 1.0, 0.75] * 6
     min_p = [0.0] * 16 + [0.05, 0.3, 0.0, 0.01, 0.2, 0.5, 1.0, 0.1] * 4
-    assert_masks_match_reference(logits, top_k, top_p, min_p)
+    assert_masks_match_reference(logits, top_k, top_p, min_p, wait_free=wait_free)
     temperature = [0.3, 0.7, 1.0, 1.5, 2.0, 0.9] * 8
-    assert_masks_match_reference(logits, top_k, top_p, min_p, temperature)
+    assert_masks_match_reference(logits, top_k, top_p, min_p, temperature, wait_free)
 
 
-def test_top_p_over_a_large_vocab_uses_every_candidate_stage():
+@pytest.mark.parametrize("wait_free", [False, True], ids=["candidates", "sorted"])
+def test_top_p_over_a_large_vocab_uses_every_candidate_stage(wait_free):
     # Peaked rows are settled by the top 64, flatter ones need the top 1024 or a full sort.
     vocab_size = 3000
     scales = [8.0, 3.0, 1.0, 0.3, 0.05, 2.0]
@@ -177,8 +179,8 @@ def test_top_p_over_a_large_vocab_uses_every_candidate_stage():
     top_p = [0.95, 0.9, 0.8, 0.9, 0.5, 0.99]
     kept_counts = []
     for top_k in ([0] * 6, [0, 0, 0, 2000, 0, 100]):
-        assert_masks_match_reference(logits, top_k, top_p, [0.0] * 6)
-        masked = apply_sampling_filters(logits, top_k, top_p)
+        assert_masks_match_reference(logits, top_k, top_p, [0.0] * 6, wait_free=wait_free)
+        masked = apply_sampling_filters(logits, top_k, top_p, wait_free=wait_free)
         kept_counts.append(torch.isfinite(masked).sum(dim=-1).tolist())
     counts = kept_counts[0]
     assert min(counts) < 64 and any(64 < c <= 1024 for c in counts) and max(counts) > 1024
