@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from engine.attention import AttentionMetadata
+from engine.transfer import copy_to_device
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -130,7 +131,9 @@ class TensorParallel:
         return ids, pos, meta, rows
 
     def _broadcast_header(self, values: list[int]) -> None:
-        dist.broadcast(torch.tensor(values, dtype=torch.int64, device=self.device), src=0)
+        # Not torch.tensor(..., device=): a blocking copy would hold rank 0's host until the
+        # step in flight ends (asynchronous scheduling sends step n + 1 during step n).
+        dist.broadcast(copy_to_device(torch.tensor(values, dtype=torch.int64), self.device), src=0)
 
 
 def rank_device(base: torch.device, rank: int) -> torch.device:
