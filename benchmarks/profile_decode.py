@@ -8,7 +8,8 @@ decoder linear on INT4 (``--int4``), ``--batch`` sequences decoding after a prom
 Prints wall us per step; the host time of each phase of ``engine.step()`` (unprofiled steps;
 the read-back of the samples holds the wait for the GPU); kernel us per step (the sum of kernel
 durations, which overcounts once kernels launch as programmatic dependents: their records
-include their wait) and the gap to the wall time; the top kernels and the top host functions
+include their wait), the time the GPU was busy (the union of kernel and copy intervals) against
+the profiled steps' span; the top kernels and the top host functions
 by self time; and the GPU time of the step's CUDA graph replayed back to back (no host work
 between), which is what kernel-level changes move.
 
@@ -63,6 +64,28 @@ def kernel_table(prof, steps: int, top: int) -> tuple[float, list[tuple[str, int
     rows = sorted(totals.items(), key=lambda kv: -kv[1])
     table = [(name, round(counts[name] / steps), us / steps) for name, us in rows[:top]]
     return sum(totals.values()) / steps, table
+
+
+def gpu_busy_us(prof) -> tuple[float, float]:
+    """(us the GPU was running a kernel or a copy, us from the first one's start to the last
+    one's end) over the profiled steps: the union of their intervals, so kernels that overlap
+    (programmatic dependent launches) count once."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    if not spans:
+        return 0.0, 0.0
+    busy, (cur_start, cur_end) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    return busy, max(end for _, end in spans) - spans[0][0]
 
 
 def host_table(prof, steps: int, top: int) -> list[tuple[str, float]]:
@@ -214,11 +237,12 @@ def main() -> None:
             if cuda:
                 replay, launch = graph_replay_us(engine, batch)
                 kernel_us, kernels = kernel_table(prof, args.steps, args.top)
-                idle = wall - kernel_us
+                busy, span = (t / args.steps for t in gpu_busy_us(prof))
                 head += (
-                    f" (unprofiled), kernels {kernel_us:.0f} us per step, GPU idle {idle:.0f} us "
-                    f"({idle / wall:.0%}); the step's graph replayed alone: {replay:.0f} us (its "
-                    f"replay() call: {launch:.0f} us of host time)"
+                    f" (unprofiled), kernels {kernel_us:.0f} us per step (summed); profiled: the "
+                    f"GPU busy {busy:.0f} of {span:.0f} us per step ({1 - busy / span:.0%} idle); "
+                    f"the step's graph replayed alone: {replay:.0f} us (its replay() call: "
+                    f"{launch:.0f} us of host time)"
                 )
             graphs = engine.runner.graphs
             if graphs is not None:
