@@ -95,15 +95,19 @@ def host_table(prof, steps: int, top: int) -> list[tuple[str, float]]:
     return [(a.key[:70], a.self_cpu_time_total / steps) for a in rows]
 
 
-def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
+def graph_replay_us(engine, batch: int, replays: int = 50) -> tuple[float, float, dict]:
     """(GPU us of one replay of the decode graph that steps of ``batch`` sequences use,
-    replayed back to back on its last inputs with no host work between; host us that
-    ``replay()`` takes to return from an idle queue); nans without graphs."""
+    replayed back to back on its last inputs with no host work between (the replays rewrite
+    that step's cache slots with the same values); host us that
+    ``replay()`` takes to return from an idle queue; {kernel: us per replay}, profiled over
+    10 more replays); nans and {} without graphs. The graph is the one the last step of that
+    size took (its key's split count from the longest context in the static inputs)."""
     graphs = engine.runner.graphs
     if graphs is None:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), {}
     size = graphs.sizes[bisect.bisect_left(graphs.sizes, batch)]
-    graph = next(g for (s, _), (g, _) in graphs.graphs.items() if s == size)
+    longest = int(graphs.seq_lens[:size].max())
+    graph = graphs.graphs[(size, graphs.num_splits(size, longest))][0]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -117,7 +121,12 @@ def graph_replay_us(engine, batch: int, replays: int = 50) -> float:
     graph.replay()  # one launch from an idle queue: the host's cost of a replay alone
     host_us = (time.perf_counter() - host) * 1e6
     torch.cuda.synchronize()
-    return gpu_us, host_us
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+    _, kernels = kernel_table(prof, 10, 1000)
+    return gpu_us, host_us, {name: us for name, _, us in kernels}
 
 
 class PhaseTimer:
@@ -232,10 +241,10 @@ def main() -> None:
                     for _ in range(args.steps):
                         engine.step()
                     sync()
-            while engine.has_unfinished_requests():
-                engine.step()
-            if cuda:
-                replay, launch = graph_replay_us(engine, batch)
+                # Before any request ends: a smaller batch's step rewrites the shared static
+                # inputs (padding rows with length 0), and this size's graph would then replay
+                # on less context than its steps had.
+                replay, launch, alone = graph_replay_us(engine, batch)
                 kernel_us, kernels = kernel_table(prof, args.steps, args.top)
                 busy, span = (t / args.steps for t in gpu_busy_us(prof))
                 head += (
@@ -244,6 +253,8 @@ def main() -> None:
                     f"the step's graph replayed alone: {replay:.0f} us (its replay() call: "
                     f"{launch:.0f} us of host time)"
                 )
+            while engine.has_unfinished_requests():
+                engine.step()
             graphs = engine.runner.graphs
             if graphs is not None:
                 head += f"; decode graphs captured so far: {len(graphs.graphs)}"
@@ -256,10 +267,12 @@ def main() -> None:
                 print(f"| {phase} | {us:.0f} |")
             if not cuda:
                 continue
-            print("| kernel | launches per step | us per step | share of kernel time |")
-            print("|---|---|---|---|")
+            print("| kernel | launches per step | us per step | share of kernel time | us per "
+                  "replay of the graph alone |")  # fmt: skip
+            print("|---|---|---|---|---|")
             for name, count, us in kernels:
-                print(f"| `{name}` | {count} | {us:.1f} | {us / kernel_us:.1%} |")
+                solo = f"{alone[name]:.1f}" if name in alone else "-"
+                print(f"| `{name}` | {count} | {us:.1f} | {us / kernel_us:.1%} | {solo} |")
             print("| host function (self time) | us per step |")
             print("|---|---|")
             for name, us in host_table(prof, args.steps, args.top):
