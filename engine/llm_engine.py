@@ -124,9 +124,8 @@ class LLMEngine:
                 eos.update(source)
         self.eos_token_ids = eos
         self.sampler = Sampler(device, seed=config.seed, eos_token_ids=eos)
-        self._async = config.resolve_async_scheduling(device)
-        self.sampler.wait_free = self._async and device.type == "cuda"
         self._inflight: _Inflight | None = None
+        self.async_scheduling = config.resolve_async_scheduling(device)
         self._parents: dict[str, list[Request]] = {}
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -159,6 +158,7 @@ class LLMEngine:
         if self._inflight is not None:
             raise RuntimeError("a step's samples are in flight: step until they are read back")
         self._async = bool(value)
+        # top-p's candidate check would make the sampling launch wait for the GPU
         self.sampler.wait_free = self._async and self.runtime.device.type == "cuda"
 
     @property
@@ -293,12 +293,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         launched = None
         if not sched.is_empty:
-            # the requests whose rows the step's logits hold, in batch order (as ``flatten``)
-            owners = [
-                req
-                for req, num_new in sched.scheduled
-                if req.num_computed_tokens + num_new == req.num_tokens_with_pending
-            ]
+            # the requests whose rows the step's logits hold, in batch order
+            owners = [req for req, num_new in sched.scheduled if req.samples_after(num_new)]
             launched = sched, self.runner.execute(sched, self._pending_tokens()), owners
         outputs = self._read_back() if self._inflight is not None else []
         if launched is None:

@@ -169,7 +169,7 @@ class ModelRunner:
             step.starts.append(step.starts[-1] + num_new)
             step.seq_lens.append(end)
             step.tables.append(block_ids)
-            if end == req.num_tokens_with_pending:
+            if req.samples_after(num_new):
                 step.logit_rows.append(step.starts[-1] - 1)
         return step
 

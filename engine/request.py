@@ -111,6 +111,11 @@ class Request:
         """Tokens known and pending: what the scheduler schedules up to."""
         return self.num_tokens + self.num_pending_tokens
 
+    def samples_after(self, num_new: int) -> bool:
+        """Whether computing ``num_new`` more tokens reaches the end of the known and pending
+        tokens, so the step's logits get a row to sample this request's next token from."""
+        return self.num_computed_tokens + num_new == self.num_tokens_with_pending
+
     @property
     def is_prefill(self) -> bool:
         """True while prompt tokens (or, after preemption, recomputed ones) remain uncomputed."""
