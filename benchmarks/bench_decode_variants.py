@@ -7,12 +7,17 @@ shipped decode config (``_pick_decode_config``) against the same with one field 
 - ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
   (``wait=True``; sm_90+), so consecutive layers' launches overlap;
 - with ``--caps 64,96,...``, ``cap N`` instead: the decode kernel's registers per thread
-  capped at N (``maxnreg``).
+  capped at N (``maxnreg``);
+- with ``--tiles 16x4x8,...`` (BLOCK_N x warps x stages), those launch shapes instead;
+- ``--shapes 16x512,...`` (batch x context) in place of the default list, ``--splits 2,4`` the
+  split counts to run each shape at (default: the launcher's own).
 
 Timings as in ``bench_attention.py`` (graph: one replay, L2 flushed; layered: L calls on L
 caches back to back in one graph). Every variant's output is checked against SDPA.
 
     PYTHONPATH=. python3 benchmarks/bench_decode_variants.py [--caps 64,96,128]
+    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py --tiles 16x4x8,32x4x8 \
+        --shapes 16x512,1x8192 --splits 2,4
 """
 
 from __future__ import annotations
@@ -51,14 +56,29 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, f"copy {copy / 1e12:.2f} TB/s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--caps", default="", help="register caps to time instead of the leads")
-    caps = [int(c) for c in parser.parse_args().caps.split(",") if c]
+    parser.add_argument("--tiles", default="", help="BLOCK_N x warps x stages list instead")
+    parser.add_argument("--shapes", default="", help="batch x context list (default: SHAPES)")
+    parser.add_argument("--splits", default="", help="split counts per shape (default: own)")
+    args = parser.parse_args()
+    caps = [int(c) for c in args.caps.split(",") if c]
     variants = {"shipped": {}, "masked": {"whole_tiles": False}, "wait": {"wait": True}}
     if caps:
         variants = {"shipped": {}, **{f"cap {c}": {"maxnreg": c} for c in caps}}
+    if args.tiles:
+        variants = {"shipped": {}}
+        for tile in args.tiles.split(","):
+            block_n, warps, stages = (int(v) for v in tile.split("x"))
+            variants[f"tiles {tile}"] = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    forced_splits = [int(v) for v in args.splits.split(",") if v]
     head = " | ".join(f"{name} graph / layered us (/SDPA)" for name in variants)
     print(f"| batch x ctx | splits | {head} | SDPA graph / layered us | shipped layered %copy |")
     print("|" + "---|" * (len(variants) + 4))
-    for batch, ctx in SHAPES:
+    for (batch, ctx), forced in (
+        (shape, split) for shape in shapes for split in (forced_splits or [None])
+    ):
         query, key_cache, value_cache, _, seq_lens, tables = paged_batch(batch, ctx, 1)
         kv_bytes = 2 * batch * ctx * NUM_KV_HEADS * HEAD_DIM * key_cache.element_size()
         layers = num_layers(kv_bytes)
@@ -73,7 +93,7 @@ def main() -> None:
                         torch.randn_like(v), enable_gqa=True) for _ in range(layers)]  # fmt: skip
         sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
         del sdpa, k, v
-        splits = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
+        splits = forced or default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
         shipped = _pick_decode_config(
             device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch
         )
