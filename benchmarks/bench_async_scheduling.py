@@ -6,10 +6,12 @@ prompt of ``--prompt-len`` tokens under CUDA graphs. At each batch size the same
 timed with the engine switched between synchronous steps (the host schedules, launches,
 waits for the samples, then schedules the next step) and asynchronous ones (step n + 1 is
 launched before step n's samples are read back), alternating ``--repeats`` times after an
-untimed pass of each. Prints every timed pass, then the medians and their ratio.
+untimed pass of each. Prints every timed pass, then the medians and their ratio. With
+``--sampling top-p`` a third mode, ``async-check``, is asynchronous with top-p's candidate
+check on the host (which waits for the GPU) instead of sorting whole rows.
 
     python3 benchmarks/bench_async_scheduling.py [--shape 8b] [--batches 1,32] [--prompt-len 128]
-        [--num-decode 64] [--repeats 3] [--forms bf16,int4]
+        [--num-decode 64] [--repeats 3] [--forms bf16,int4] [--sampling greedy|top-p]
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ def main() -> None:
     parser.add_argument("--num-decode", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--forms", default="bf16,int4")
+    parser.add_argument(
+        "--sampling", choices=("greedy", "top-p"), default="greedy",
+        help="top-p: temperature 0.8, top_p 0.9 (synchronous steps check top-p's "
+        "candidates on the host; asynchronous ones sort whole rows)",
+    )  # fmt: skip
     args = parser.parse_args()
+    sampling = {}
+    if args.sampling == "top-p":
+        sampling = dict(temperature=0.8, top_p=0.9)
     batches = [int(b) for b in args.batches.split(",")]
     forms = args.forms.split(",")
 
@@ -55,6 +65,8 @@ def main() -> None:
     print(f"{args.shape}: engine built in {time.perf_counter() - start:.1f} s", flush=True)
     vocab = SHAPES[args.shape]["vocab_size"]
     modes = {"sync": False, "async": True}
+    if args.sampling == "top-p":  # asynchronous, top-p's candidates checked on the host
+        modes["async-check"] = True
     rates: dict[tuple[str, int, str], list[float]] = {}
     passes = len(forms) * len(batches) * len(modes) * (args.repeats + 1)
     bar = tqdm(total=passes, desc="decode passes", unit="pass")
@@ -67,7 +79,11 @@ def main() -> None:
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up
                     for mode, on in modes.items():
                         engine.async_scheduling = on
-                        rate = decode_rate(engine, batch, args.prompt_len, args.num_decode, vocab)
+                        if mode == "async-check":
+                            engine.sampler.wait_free = False
+                        rate = decode_rate(
+                            engine, batch, args.prompt_len, args.num_decode, vocab, **sampling
+                        )
                         bar.update()
                         if repeat:
                             rates.setdefault((form, batch, mode), []).append(rate)
@@ -78,15 +94,23 @@ def main() -> None:
 
     print(
         f"\n{args.shape}-shaped model, prompt {args.prompt_len}, {args.num_decode} decode steps, "
-        f"CUDA graphs; medians of {args.repeats} alternating passes"
+        f"CUDA graphs, {args.sampling} sampling; medians of {args.repeats} alternating passes"
     )
-    print("| form | batch | sync tok/s | async tok/s | async / sync |")
-    print("|---|---|---|---|---|")
+    names = [m for m in modes if m != "sync"]
+    print(
+        "| form | batch | sync tok/s | "
+        + " | ".join(f"{m} tok/s | {m} / sync" for m in names)
+        + " |"
+    )
+    print("|---|---|---|" + "---|---|" * len(names))
     for form in forms:
         for batch in batches:
             sync = statistics.median(rates[(form, batch, "sync")])
-            asyn = statistics.median(rates[(form, batch, "async")])
-            print(f"| {form} | {batch} | {sync:.1f} | {asyn:.1f} | {asyn / sync:.3f}x |")
+            cells = []
+            for m in names:
+                rate = statistics.median(rates[(form, batch, m)])
+                cells.append(f"{rate:.1f} | {rate / sync:.3f}x")
+            print(f"| {form} | {batch} | {sync:.1f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

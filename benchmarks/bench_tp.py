@@ -71,14 +71,19 @@ def write_model_dir(shape: str, out: Path) -> Path:
     return out
 
 
-def decode_rate(engine, batch: int, prompt_len: int, num_decode: int, vocab: int) -> float:
-    """Decode tokens/s of ``batch`` sequences, timed after every prompt has its first token."""
+def decode_rate(
+    engine, batch: int, prompt_len: int, num_decode: int, vocab: int, **sampling
+) -> float:
+    """Decode tokens/s of ``batch`` sequences, timed after every prompt has its first token;
+    greedy unless ``sampling`` gives other ``SamplingParams`` fields."""
     import random
 
     from engine.sampling_params import SamplingParams
 
     rng = random.Random(batch)
-    params = SamplingParams(temperature=0.0, max_tokens=num_decode + 1, ignore_eos=True)
+    params = SamplingParams(
+        **({"temperature": 0.0} | sampling), max_tokens=num_decode + 1, ignore_eos=True
+    )
     for i in range(batch):
         prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
         engine.add_request(f"d{batch}-{i}", prompt, params)
