@@ -4,7 +4,9 @@ series: what a synchronous step pays, and what an asynchronous one must hide beh
 forward). Llama-3's vocabulary (128,256), 1 and 32 rows, logits flat (scale 0.02, as a
 random-weight model's) or peaked (scale 4). Top-p runs both ways: candidates checked on the
 host (synchronous steps) and whole rows sorted (``wait_free``, asynchronous ones). Also
-times a row sort and ``topk`` alone.
+times the draw alone (``kernels.sampling``: the Triton kernel against its PyTorch reference;
+the loop waits for the GPU only at its end, so a one-launch call shows its GPU time) and a
+row sort and ``topk`` alone.
 
     python3 benchmarks/bench_sampler.py
 """
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.request import Request  # noqa: E402
 from engine.sampler import Sampler  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from kernels.sampling import sample_rows, sample_rows_ref  # noqa: E402
 
 VOCAB = 128256
 MODES = {
@@ -61,6 +64,14 @@ def main() -> None:
                     )
                     label = name + (", rows sorted" if wait_free else "")
                     print(f"| {rows} | {kind} | {label} | {us:.0f} |")
+            inv_t = torch.full((rows,), 1 / 0.8, device=device)
+            threshold = torch.full((rows,), float("-inf"), device=device)
+            uniform = torch.rand(rows, device=device, dtype=torch.float64)
+            draw = (logits, inv_t, threshold, uniform)
+            kernel = per_call_us(lambda a=draw: sample_rows(*a))
+            reference = per_call_us(lambda a=draw: sample_rows_ref(*a))
+            print(f"| {rows} | {kind} | the draw alone: sample_rows {kernel:.0f}, "
+                  f"sample_rows_ref (PyTorch) {reference:.0f} | |")  # fmt: skip
             scaled = logits / 0.8
             sort = per_call_us(lambda x=scaled: x.sort(dim=-1, descending=True))
             top1024 = per_call_us(lambda x=scaled: x.topk(1024, dim=-1))

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from engine.request import Request
-from engine.sampler import Sampler, apply_sampling_filters, sample_inverse_cdf
+from engine.sampler import Sampler, apply_sampling_filters
 from engine.sampling_params import SamplingParams
+from kernels.sampling import sample_inverse_cdf
 
 VOCAB_SIZE = 50
 EOS = 7
