@@ -286,9 +286,10 @@ class LLMEngine:
         (reading back and checking one step's tokens, scheduling and launching the next)
         runs while the GPU computes. Step n + 1 takes each request's step-n token on the
         device. A request that stops on that token has one token too many computed for it;
-        that token is dropped and its row is not sampled. The tokens, stop checks and
-        random draws are those of synchronous steps; only the steps' composition can differ
-        (a request that stops frees its blocks a step later).
+        that token is dropped and its row is not sampled. Stop checks and seeded draws are
+        those of synchronous steps; the steps' composition can differ (a request that stops
+        frees its blocks a step later), so unseeded rows, which draw from the generator the
+        batch shares, and on the GPU the last bits of a row's logits, can differ too.
         """
         sched = self.scheduler.schedule()
         launched = None

@@ -4,10 +4,12 @@ Order of processing follows vLLM: raw logprobs are captured first (log-softmax o
 unprocessed logits), then ``min_tokens`` masking, repetition / frequency / presence penalties;
 greedy rows take the argmax; sampled rows go through temperature, then min-p, top-k and top-p,
 and finally one uniform draw per row picks a token by inverse CDF over the vocabulary in id
-order. Every filter is reduced to a per-row logit threshold computed from values only (never
-from the order of equal values), so a seeded row's sample depends on its own logits and its
-own generator, not on the rest of the batch. Full sorts are avoided: top-p looks at the top 64
-logits, then the top 1024, and sorts only the rows those do not cover.
+order (on CUDA in two Triton launches, ``kernels.sampling``). Every filter is reduced to a
+per-row logit threshold computed from values only (never from the order of equal values), so a
+seeded row's sample depends on its own logits and its own generator, not on the rest of the
+batch. Full sorts are avoided where the host may wait for the GPU: top-p looks at the top 64
+logits, then the top 1024, and sorts only the rows those do not cover; under asynchronous
+scheduling (``wait_free``) it sorts the rows outright, as that check waits.
 """
 
 from __future__ import annotations
@@ -96,10 +98,10 @@ class Sampler:
     them, a check that waits for the GPU (the same boundaries, from more work on the device).
     While a request has fewer than ``min_tokens`` outputs, its ``eos_token_id``,
     ``eos_token_ids`` (every id that ends a generation) and its stop token ids are masked.
-    Requests with
-    ``sampling_params.seed`` get their own ``torch.Generator`` on ``device``, created on first
-    use and stored in ``request.generator`` (seeded with ``seed + request.index`` so that the
-    ``n`` sequences of one seeded request differ); that is the only change made to a request.
+    Requests with ``sampling_params.seed`` get their own ``torch.Generator`` on ``device``,
+    created on first use and stored in ``request.generator`` (seeded with ``seed +
+    request.index`` so that the ``n`` sequences of one seeded request differ); that is the only
+    change made to a request.
     """
 
     def __init__(
