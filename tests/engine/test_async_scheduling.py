@@ -171,6 +171,21 @@ def test_abort_while_a_token_is_in_flight(tiny_dir):
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+def test_switching_modes_waits_for_the_step_in_flight(tiny_dir):
+    _, asyn = engines(tiny_dir)
+    engine = asyn.engine
+    engine.add_request("a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4))
+    engine.step()
+    with pytest.raises(RuntimeError, match="in flight"):
+        engine.async_scheduling = False
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.async_scheduling = False
+    engine.add_request("b", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4))
+    engine.step()
+    assert engine._inflight is None  # a synchronous step reads its samples back at once
+
+
 def test_async_scheduling_defaults_to_the_device():
     from engine.config import EngineConfig
 
