@@ -7,11 +7,12 @@ timed with the engine switched between synchronous steps (the host schedules, la
 waits for the samples, then schedules the next step) and asynchronous ones (step n + 1 is
 launched before step n's samples are read back), alternating ``--repeats`` times after an
 untimed pass of each. Prints every timed pass, then the medians and their ratio. With
-``--sampling top-p`` a third mode, ``async-check``, is asynchronous with top-p's candidate
-check on the host (which waits for the GPU) instead of sorting whole rows.
+``--sampling top-p`` or ``top-k`` a third mode, ``async-sorted``, is asynchronous with the
+filters' thresholds from PyTorch (``topk``, whole rows sorted: ``Sampler.sort_free`` False)
+instead of ``kernels.sampling_filters``.
 
     python3 benchmarks/bench_async_scheduling.py [--shape 8b] [--batches 1,32] [--prompt-len 128]
-        [--num-decode 64] [--repeats 3] [--forms bf16,int4] [--sampling greedy|top-p]
+        [--num-decode 64] [--repeats 3] [--forms bf16,int4] [--sampling greedy|top-p|top-k]
 """
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--forms", default="bf16,int4")
     parser.add_argument(
-        "--sampling", choices=("greedy", "top-p"), default="greedy",
-        help="top-p: temperature 0.8, top_p 0.9 (synchronous steps check top-p's "
-        "candidates on the host; asynchronous ones sort whole rows)",
+        "--sampling", choices=("greedy", "top-p", "top-k"), default="greedy",
+        help="top-p: temperature 0.8, top_p 0.9; top-k: temperature 0.8, top_k 50",
     )  # fmt: skip
     args = parser.parse_args()
     sampling = {}
     if args.sampling == "top-p":
         sampling = dict(temperature=0.8, top_p=0.9)
+    elif args.sampling == "top-k":
+        sampling = dict(temperature=0.8, top_k=50)
     batches = [int(b) for b in args.batches.split(",")]
     forms = args.forms.split(",")
 
@@ -65,8 +67,8 @@ def main() -> None:
     print(f"{args.shape}: engine built in {time.perf_counter() - start:.1f} s", flush=True)
     vocab = SHAPES[args.shape]["vocab_size"]
     modes = {"sync": False, "async": True}
-    if args.sampling == "top-p":  # asynchronous, top-p's candidates checked on the host
-        modes["async-check"] = True
+    if args.sampling != "greedy":  # asynchronous, the thresholds from PyTorch's topk and sorts
+        modes["async-sorted"] = True
     rates: dict[tuple[str, int, str], list[float]] = {}
     passes = len(forms) * len(batches) * len(modes) * (args.repeats + 1)
     bar = tqdm(total=passes, desc="decode passes", unit="pass")
@@ -79,8 +81,7 @@ def main() -> None:
                 for repeat in range(args.repeats + 1):  # the first of each is a warm-up
                     for mode, on in modes.items():
                         engine.async_scheduling = on
-                        if mode == "async-check":
-                            engine.sampler.wait_free = False
+                        engine.sampler.sort_free = mode != "async-sorted"
                         rate = decode_rate(
                             engine, batch, args.prompt_len, args.num_decode, vocab, **sampling
                         )

@@ -2,11 +2,13 @@
 timed back to back (so each call's host launches, its GPU work and its read-back are in
 series: what a synchronous step pays, and what an asynchronous one must hide behind the
 forward). Llama-3's vocabulary (128,256), 1 and 32 rows, logits flat (scale 0.02, as a
-random-weight model's) or peaked (scale 4). Top-p runs both ways: candidates checked on the
-host (synchronous steps) and whole rows sorted (``wait_free``, asynchronous ones). Also
-times the draw alone (``kernels.sampling``: the Triton kernel against its PyTorch reference;
-the loop waits for the GPU only at its end, so a one-launch call shows its GPU time) and a
-row sort and ``topk`` alone.
+random-weight model's) or peaked (scale 4). Top-k and top-p run both ways: thresholds
+searched without a sort (``kernels.sampling_filters``, the default) and in PyTorch
+(``Sampler.sort_free`` False: ``topk``, whole rows sorted). Also times the draw alone
+(``kernels.sampling``: the Triton kernel against its PyTorch reference; the loop waits for
+the GPU only at its end, so a one-launch call shows its GPU time), the threshold search alone
+against its PyTorch reference (top-p 0.9 with top-k 50 on half the rows), and a row sort and
+``topk`` alone.
 
     python3 benchmarks/bench_sampler.py
 """
@@ -25,6 +27,7 @@ from engine.request import Request  # noqa: E402
 from engine.sampler import Sampler  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from kernels.sampling import sample_rows, sample_rows_ref  # noqa: E402
+from kernels.sampling_filters import filter_thresholds, filter_thresholds_ref  # noqa: E402
 
 VOCAB = 128256
 MODES = {
@@ -56,13 +59,14 @@ def main() -> None:
             logits = torch.randn(rows, VOCAB, device=device) * scale
             for name, params in MODES.items():
                 requests = [Request(f"r{i}", [1], params, 10) for i in range(rows)]
-                for wait_free in (False, True) if "top-p" in name else (False,):
+                filtered = "top-" in name
+                for sort_free in (True, False) if filtered else (True,):
                     sampler = Sampler(device, seed=0)
-                    sampler.wait_free = wait_free
+                    sampler.sort_free = sort_free
                     us = per_call_us(
                         lambda s=sampler, x=logits, r=requests: s.launch(x, r).result()
                     )
-                    label = name + (", rows sorted" if wait_free else "")
+                    label = name + ((", sort-free" if sort_free else ", PyTorch") * filtered)
                     print(f"| {rows} | {kind} | {label} | {us:.0f} |")
             inv_t = torch.full((rows,), 1 / 0.8, device=device)
             threshold = torch.full((rows,), float("-inf"), device=device)
@@ -72,6 +76,14 @@ def main() -> None:
             reference = per_call_us(lambda a=draw: sample_rows_ref(*a))
             print(f"| {rows} | {kind} | the draw alone: sample_rows {kernel:.0f}, "
                   f"sample_rows_ref (PyTorch) {reference:.0f} | |")  # fmt: skip
+            top_k = torch.tensor([50, 0] * (rows // 2) or [50], device=device, dtype=torch.int32)
+            top_p = torch.full((rows,), 0.9, device=device)
+            log_min_p = torch.full((rows,), float("-inf"), device=device)
+            search = (logits, 1 / inv_t, top_k, top_p, log_min_p)
+            kernel = per_call_us(lambda a=search: filter_thresholds(*a))
+            reference = per_call_us(lambda a=search: filter_thresholds_ref(*a))
+            print(f"| {rows} | {kind} | the thresholds alone: filter_thresholds {kernel:.0f}, "
+                  f"filter_thresholds_ref (PyTorch) {reference:.0f} | |")  # fmt: skip
             scaled = logits / 0.8
             sort = per_call_us(lambda x=scaled: x.sort(dim=-1, descending=True))
             top1024 = per_call_us(lambda x=scaled: x.topk(1024, dim=-1))

@@ -158,8 +158,6 @@ class LLMEngine:
         if self._inflight is not None:
             raise RuntimeError("a step's samples are in flight: step until they are read back")
         self._async = bool(value)
-        # top-p's candidate check would make the sampling launch wait for the GPU
-        self.sampler.wait_free = self._async and self.runtime.device.type == "cuda"
 
     @property
     def max_model_len(self) -> int:

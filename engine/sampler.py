@@ -23,9 +23,12 @@ from engine.outputs import Logprob
 from engine.request import Request
 from engine.transfer import copy_to_device
 from kernels.sampling import sample_rows, sample_rows_ref
+from kernels.sampling_filters import filter_thresholds
 
 # Candidate counts tried by top-p before falling back to a full sort of the row.
 _TOP_P_CANDIDATES = (64, 1024)
+# The largest top-k that CUDA rows take from torch.topk rather than the threshold search.
+_TOP_K_BY_TOPK = 1024
 
 
 @dataclass
@@ -92,10 +95,9 @@ class PendingSample:
 class Sampler:
     """Samples the next token of every row of a batch of logits.
 
-    ``seed`` seeds the generator shared by unseeded rows (random when None). ``wait_free``
-    (set by an engine with asynchronous scheduling on CUDA) makes top-p sort its rows
-    outright instead of checking on the host whether its top 64 or 1024 candidates cover
-    them, a check that waits for the GPU (the same boundaries, from more work on the device).
+    ``seed`` seeds the generator shared by unseeded rows (random when None). ``sort_free``
+    False makes CUDA rows take PyTorch's ``topk`` and row sorts for their thresholds instead of
+    ``kernels.sampling_filters`` (benchmarks compare the two).
     While a request has fewer than ``min_tokens`` outputs, its ``eos_token_id``,
     ``eos_token_ids`` (every id that ends a generation) and its stop token ids are masked.
     Requests with ``sampling_params.seed`` get their own ``torch.Generator`` on ``device``,
@@ -110,7 +112,7 @@ class Sampler:
         self.device = torch.device(device)
         self.eos_token_ids = frozenset(eos_token_ids)
         self.generator = torch.Generator(device=self.device)
-        self.wait_free = False
+        self.sort_free = True
         if seed is None:
             self.generator.seed()
         else:
@@ -123,9 +125,8 @@ class Sampler:
 
     def launch(self, logits: torch.Tensor, requests: Sequence[Request]) -> PendingSample:
         """``__call__`` without waiting: the sampling is queued on the device and read back by
-        ``result()``. Nothing here waits for the GPU, except top-p (``top_p < 1``) unless
-        ``wait_free``: its candidate search checks on the host whether a row needs a wider
-        look."""
+        ``result()``. On CUDA nothing here waits for the GPU (on the CPU, top-p's candidate
+        search checks whether a row needs a wider look)."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits must be [num_rows, vocab] with one row per request; got shape "
@@ -278,7 +279,7 @@ class Sampler:
             [p.top_k for p in params],
             [p.top_p for p in params],
             [p.min_p for p in params],
-            wait_free=self.wait_free,
+            self.sort_free,
         )
         uniform = torch.empty(len(requests), dtype=torch.float64, device=self.device)
         seeded = [i for i, p in enumerate(params) if p.seed is not None]
@@ -349,7 +350,7 @@ def sampling_thresholds(
     top_k: list[int],
     top_p: list[float],
     min_p: list[float],
-    wait_free: bool = False,
+    sort_free: bool = True,
 ) -> torch.Tensor:
     """Per row of ``logits [rows, vocab]`` (before temperature), the smallest logit that
     survives min-p, top-k and top-p at the row's ``temperature [rows]`` (> 0); -inf keeps all.
@@ -358,27 +359,48 @@ def sampling_thresholds(
     tokens with probability >= ``min_p`` times the row's highest. Top-k keeps every token whose
     logit is >= the k-th largest. Top-p keeps the most likely tokens until their probability
     (after min-p and top-k) sums to >= p. Being thresholds, ties at a boundary are all kept and
-    nothing depends on how a sort orders equal values. ``wait_free``: top-p sorts whole rows
-    at once, never checking on the host whether fewer candidates would do.
+    nothing depends on how a sort orders equal values. On CUDA top-p (and top-k above 1024)
+    is searched in Triton without sorting and without waiting for the GPU
+    (``kernels.sampling_filters``), or with ``sort_free`` False in PyTorch (a sort of every
+    top-p row: what benchmarks compare it with); on the CPU top-p looks at the top 64 logits,
+    then the top 1024, and sorts only the rows those do not cover.
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
+    has_min_p = any(m > 0 for m in min_p)
+    k_rows = [i for i, k in enumerate(top_k) if 0 < k < vocab_size]
+    p_rows = [i for i, p in enumerate(top_p) if p < 1.0]
+    # On CUDA top-k up to _TOP_K_BY_TOPK takes torch.topk (cheaper than the search from 32
+    # rows up: BENCHMARKS.md, "The sampler's thresholds without a sort"); top-p and larger
+    # top-k take the search.
+    small_k = not k_rows or max(top_k[i] for i in k_rows) <= _TOP_K_BY_TOPK
+    search = logits.is_cuda and sort_free and (bool(p_rows) or not small_k)
     threshold = torch.full((num_rows,), float("-inf"), device=device)
 
-    if any(m > 0 for m in min_p):
+    if has_min_p and not search:
         # p_i >= min_p * p_max  <=>  x_i >= x_max + T * log(min_p)
         log_min_p = copy_to_device(torch.tensor(min_p, dtype=torch.float32).log(), device)
         threshold = torch.maximum(threshold, logits.amax(dim=-1) + temperature * log_min_p)
 
-    k_rows = [i for i, k in enumerate(top_k) if 0 < k < vocab_size]
-    if k_rows:
+    if k_rows and not (search and not small_k):
         index = copy_to_device(torch.tensor(k_rows), device)
         k = copy_to_device(torch.tensor([top_k[i] for i in k_rows]), device)
         values = logits[index].topk(max(top_k[i] for i in k_rows), dim=-1).values
         kth = values.gather(1, (k - 1)[:, None])[:, 0]
         threshold[index] = torch.maximum(threshold[index], kth)
 
-    p_rows = [i for i, p in enumerate(top_p) if p < 1.0]
+    if search:
+        return filter_thresholds(
+            logits,
+            temperature,
+            copy_to_device(torch.tensor(top_k, dtype=torch.int32), device),
+            copy_to_device(torch.tensor(top_p, dtype=torch.float32), device),
+            copy_to_device(torch.tensor(min_p, dtype=torch.float32).log(), device),
+            has_top_k=not small_k,
+            has_top_p=bool(p_rows),
+            floor=threshold,
+        )
+
     if p_rows:
         index = copy_to_device(torch.tensor(p_rows), device)
         rows = logits[index]
@@ -386,7 +408,8 @@ def sampling_thresholds(
             rows < threshold[index][:, None], float("-inf")
         )
         p = copy_to_device(torch.tensor([top_p[i] for i in p_rows], dtype=torch.float64), device)
-        candidates = () if wait_free else _TOP_P_CANDIDATES
+        # on CUDA a candidate check would wait for the GPU: sort the rows
+        candidates = () if logits.is_cuda else _TOP_P_CANDIDATES
         boundary_ids = _top_p_boundary(scaled, p, candidates)
         threshold[index] = rows.gather(1, boundary_ids[:, None])[:, 0]
     return threshold
@@ -428,13 +451,12 @@ def apply_sampling_filters(
     top_p: list[float],
     min_p: list[float] | None = None,
     temperature: list[float] | None = None,
-    wait_free: bool = False,
 ) -> torch.Tensor:
     """``logits [rows, vocab]`` with what min-p, top-k and top-p remove set to -inf (see
     ``sampling_thresholds``; temperature 1 unless given). Returns a new tensor."""
     num_rows = logits.shape[0]
     temps = torch.tensor(temperature or [1.0] * num_rows, dtype=torch.float32)
     threshold = sampling_thresholds(
-        logits, temps.to(logits.device), top_k, top_p, min_p or [0.0] * num_rows, wait_free
+        logits, temps.to(logits.device), top_k, top_p, min_p or [0.0] * num_rows
     )
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))

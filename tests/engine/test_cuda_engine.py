@@ -165,7 +165,7 @@ def test_async_decode_steps_never_wait_for_the_gpu(tiny_dir):
     the stream (a blocking copy, ``.item()``, ``.tolist()`` of a device tensor): torch's sync
     debug mode raises on any. The one wait, for the previous step's samples, is on an event
     recorded right behind them, so the step just launched keeps the GPU busy meanwhile.
-    Sampling with top-k and top-p included (top-p sorts its rows then: ``wait_free``)."""
+    Sampling with top-k and top-p included (their thresholds: ``kernels.sampling_filters``)."""
     llm = LLM(model=str(tiny_dir), device="cuda", dtype="float32", max_num_batched_tokens=256,
               kv_cache_memory_bytes=64 << 20)  # fmt: skip
     engine = llm.engine

@@ -142,9 +142,10 @@ def test_seeded_generator_created_once_and_n_sequences_differ():
     assert [t[0] for t in tokens] != [t[1] for t in tokens]
 
 
-def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None, wait_free=False):
+def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None):
     temperature = temperature or [1.0] * logits.shape[0]
-    masked = apply_sampling_filters(logits, top_k, top_p, min_p, temperature, wait_free)
+    masked = apply_sampling_filters(logits, top_k, top_p, min_p, temperature).cpu()
+    logits = logits.cpu()
     for i in range(logits.shape[0]):
         params = SamplingParams(
             top_k=top_k[i], top_p=top_p[i], min_p=min_p[i], temperature=temperature[i]
@@ -155,19 +156,24 @@ def assert_masks_match_reference(logits, top_k, top_p, min_p, temperature=None, 
         assert torch.equal(masked[i][sorted(kept)], logits[i][sorted(kept)])
 
 
-@pytest.mark.parametrize("wait_free", [False, True], ids=["candidates", "sorted"])
-def test_top_k_top_p_min_p_masks_match_reference(wait_free):
-    logits = random_logits(48, seed=3, scale=3.0)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_top_k_top_p_min_p_masks_match_reference(device):
+    """On the GPU the thresholds come from ``kernels.sampling_filters``."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    logits = random_logits(48, seed=3, scale=3.0).to(device)
     top_k = [0, 1, 5, 17, 49, 50, 3, 0] * 6
     top_p = [0.3, 1.0, 0.9, 0.5, 0.99, 1.0, 1.0, 0.75] * 6
     min_p = [0.0] * 16 + [0.05, 0.3, 0.0, 0.01, 0.2, 0.5, 1.0, 0.1] * 4
-    assert_masks_match_reference(logits, top_k, top_p, min_p, wait_free=wait_free)
+    assert_masks_match_reference(logits, top_k, top_p, min_p)
     temperature = [0.3, 0.7, 1.0, 1.5, 2.0, 0.9] * 8
-    assert_masks_match_reference(logits, top_k, top_p, min_p, temperature, wait_free)
+    assert_masks_match_reference(logits, top_k, top_p, min_p, temperature)
 
 
-@pytest.mark.parametrize("wait_free", [False, True], ids=["candidates", "sorted"])
-def test_top_p_over_a_large_vocab_uses_every_candidate_stage(wait_free):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_top_p_over_a_large_vocab_uses_every_candidate_stage(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     # Peaked rows are settled by the top 64, flatter ones need the top 1024 or a full sort.
     vocab_size = 3000
     scales = [8.0, 3.0, 1.0, 0.3, 0.05, 2.0]
@@ -176,12 +182,12 @@ def test_top_p_over_a_large_vocab_uses_every_candidate_stage(wait_free):
             random_logits(1, seed=20 + i, vocab_size=vocab_size, scale=s)
             for i, s in enumerate(scales)
         ]
-    )
+    ).to(device)
     top_p = [0.95, 0.9, 0.8, 0.9, 0.5, 0.99]
     kept_counts = []
     for top_k in ([0] * 6, [0, 0, 0, 2000, 0, 100]):
-        assert_masks_match_reference(logits, top_k, top_p, [0.0] * 6, wait_free=wait_free)
-        masked = apply_sampling_filters(logits, top_k, top_p, wait_free=wait_free)
+        assert_masks_match_reference(logits, top_k, top_p, [0.0] * 6)
+        masked = apply_sampling_filters(logits, top_k, top_p)
         kept_counts.append(torch.isfinite(masked).sum(dim=-1).tolist())
     counts = kept_counts[0]
     assert min(counts) < 64 and any(64 < c <= 1024 for c in counts) and max(counts) > 1024
