@@ -141,6 +141,8 @@ def _search_step(
     top_p_ptr,
     log_min_p_ptr,
     floor_ptr,
+    keys_ptr,
+    counts_ptr,
     vocab_size,
     stride_row,
     num_rows,
@@ -215,25 +217,48 @@ def _search_step(
                 tl.store(out_ptr + row, value)
         else:
             # This slice's weights per value of digit ``step`` among the keys whose digits
-            # above it are ``prefix``, a chunk at a time: once the prefix is a few digits long,
-            # most chunks hold no such key and cost only their load and compare.
+            # above it are ``prefix``, a chunk at a time. From step 1 on, the logits that
+            # match are also kept, in order, in the slice's own region of ``keys_ptr``, and
+            # from step 2 on only those are read: once the prefix is a few digits long, few
+            # are left. A program rewrites its region in place (a logit is written at or
+            # before where it was read, after the whole chunk is loaded).
+            region = keys_ptr + (row * num_slices + part) * SLICE
+            if step < 2:
+                count = tl.minimum(vocab_size - part * SLICE, SLICE)
+            else:
+                count = tl.load(counts_ptr + row * num_slices + part, cache_modifier=".cg")
             sums = tl.zeros((16,), tl.float64)
+            kept = tl.zeros((), tl.int32)
             for start in range(0, SLICE, CHUNK):
-                cols = part * SLICE + start + tl.arange(0, CHUNK)
-                x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab_size,
-                            other=float("-inf"))  # fmt: skip
-                key = _key(x)
-                match = cols < vocab_size
-                if step > 0:
-                    match &= (key >> (32 - 4 * step)).to(tl.int64) == prefix
-                if TOP_P:
-                    match &= x >= threshold
-                if tl.max(match.to(tl.int32), axis=0) > 0:
-                    if TOP_P:
-                        weight = tl.where(match, tl.exp((x - row_max) / temperature), 0.0)
+                if start < count:
+                    offsets = start + tl.arange(0, CHUNK)
+                    valid = offsets < count
+                    if step < 2:
+                        x = tl.load(logits_ptr + row * stride_row + part * SLICE + offsets,
+                                    mask=valid, other=float("-inf"))  # fmt: skip
                     else:
-                        weight = tl.where(match, 1.0, 0.0)
-                    sums += _bucket_sums(weight, key, step)
+                        x = tl.load(region + offsets, mask=valid, other=float("-inf"),
+                                    cache_modifier=".cg")  # fmt: skip
+                    key = _key(x)
+                    match = valid
+                    if step > 0:
+                        match &= (key >> (32 - 4 * step)).to(tl.int64) == prefix
+                    if TOP_P:
+                        match &= x >= threshold
+                    if tl.max(match.to(tl.int32), axis=0) > 0:
+                        if TOP_P:
+                            weight = tl.where(match, tl.exp((x - row_max) / temperature), 0.0)
+                        else:
+                            weight = tl.where(match, 1.0, 0.0)
+                        sums += _bucket_sums(weight, key, step)
+                        if step > 0:
+                            tl.debug_barrier()  # every thread has read the chunk
+                            ones = match.to(tl.int32)
+                            position = kept + tl.cumsum(ones, axis=0) - 1
+                            tl.store(region + position, x, mask=match)
+                            kept += tl.sum(ones, axis=0)
+            if step > 0:
+                tl.store(counts_ptr + row * num_slices + part, kept)
             base = ((parity * num_rows + row) * num_slices + part) * 16
             tl.store(partial_ptr + base + tl.arange(0, 16), sums)
 
@@ -241,16 +266,16 @@ def _search_step(
 @triton.jit(do_not_specialize=["step"])
 def _search_kernel(
     out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr, target_ptr, logits_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, floor_ptr, vocab_size, stride_row,
-    num_rows, num_slices, step, TOP_P: tl.constexpr, AFTER_TOP_K: tl.constexpr,
-    SLICE: tl.constexpr, SLICES_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, floor_ptr, keys_ptr, counts_ptr,
+    vocab_size, stride_row, num_rows, num_slices, step, TOP_P: tl.constexpr,
+    AFTER_TOP_K: tl.constexpr, SLICE: tl.constexpr, SLICES_PAD: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """One step of a search per launch, program (row, slice)."""
     _search_step(
         tl.program_id(0).to(tl.int64), tl.program_id(1), out_ptr, threshold_ptr, max_ptr,
         partial_ptr, prefix_ptr, above_ptr, target_ptr, logits_ptr, temperature_ptr, top_k_ptr,
-        top_p_ptr, log_min_p_ptr, floor_ptr, vocab_size, stride_row, num_rows, num_slices, step,
-        TOP_P, AFTER_TOP_K, SLICE, SLICES_PAD, CHUNK,
+        top_p_ptr, log_min_p_ptr, floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row,
+        num_rows, num_slices, step, TOP_P, AFTER_TOP_K, SLICE, SLICES_PAD, CHUNK,
     )  # fmt: skip
 
 
@@ -270,8 +295,9 @@ def _row_barrier(arrived_ptr, goal):
 def _filters_kernel(
     counters_ptr, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
     target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, floor_ptr,
-    vocab_size, stride_row, num_rows, num_slices, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
-    SLICE: tl.constexpr, SLICES_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, SLICE: tl.constexpr,
+    SLICES_PAD: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Every step in one launch of rows x slices programs. A program takes its (row, slice)
     from a ticket, in the order programs start, so the row of every ticket handed out before
@@ -292,8 +318,8 @@ def _filters_kernel(
             _search_step(
                 row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
                 target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr,
-                floor_ptr, vocab_size, stride_row, num_rows, num_slices, step, False, False, SLICE,
-                SLICES_PAD, CHUNK,
+                floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices, step,
+                False, False, SLICE, SLICES_PAD, CHUNK,
             )  # fmt: skip
             barriers += 1
             _row_barrier(arrived_ptr, barriers * num_slices)
@@ -301,8 +327,8 @@ def _filters_kernel(
         _search_step(
             row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
             target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr,
-            floor_ptr, vocab_size, stride_row, num_rows, num_slices, step, True, HAS_TOP_K, SLICE,
-            SLICES_PAD, CHUNK,
+            floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices, step,
+            True, HAS_TOP_K, SLICE, SLICES_PAD, CHUNK,
         )  # fmt: skip
         barriers += 1
         _row_barrier(arrived_ptr, barriers * num_slices)
@@ -310,8 +336,8 @@ def _filters_kernel(
     _search_step(
         row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
         target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, floor_ptr,
-        vocab_size, stride_row, num_rows, num_slices, 8, HAS_TOP_P, HAS_TOP_K, SLICE, SLICES_PAD,
-        CHUNK,
+        keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices, 8, HAS_TOP_P,
+        HAS_TOP_K, SLICE, SLICES_PAD, CHUNK,
     )  # fmt: skip
     exits_ptr = counters_ptr + 1 + num_rows + row
     if tl.atomic_add(exits_ptr, 1, sem="relaxed", scope="gpu") == num_slices - 1:
@@ -412,12 +438,14 @@ def filter_thresholds(
     above = torch.empty((2, rows), dtype=torch.float64, device=device)
     target = torch.empty(rows, dtype=torch.float64, device=device)
     threshold = torch.empty(rows, dtype=torch.float32, device=device)
+    keys = torch.empty((rows, num_slices * slice_size), dtype=torch.float32, device=device)
+    counts = torch.empty((rows, num_slices), dtype=torch.int32, device=device)
     warps = 8 if slice_size >= 4096 else 4
     chunk = min(slice_size, 32 * 2 * warps)  # two logits per thread, 32 bucket sums
     pad = max(2, triton.next_power_of_2(num_slices))
     args = (
         out, threshold, maxima, partial, prefix, above, target, logits, temperature.float(),
-        top_k.to(torch.int32), top_p.float(), log_min_p.float(), floor, vocab_size,
+        top_k.to(torch.int32), top_p.float(), log_min_p.float(), floor, keys, counts, vocab_size,
         logits.stride(0),
         rows, num_slices,
     )  # fmt: skip
