@@ -14,15 +14,19 @@ unsigned integer of the same order. The key is found four bits at a time, from t
 launch over (row, slice of the vocabulary) finishes the previous digit from every slice's
 16 bucket weights (the largest digit whose buckets at and above it, plus what lies above the
 prefix, reach the target), then sums its slice's weights per value of the next digit among the
-elements that share the prefix. Eight digits give the exact key, so the result is a logit of
-the row and ties at the boundary are all kept, as in the sort. A slice's weights are summed in
+elements that share the prefix (from the second digit on, only the logits its slice kept in the
+step before: those that matched the prefix then). Eight digits give the exact key, so the
+result is a logit of the row and ties at the boundary are all kept, as in the sort. A slice's
+weights are summed in
 float32, the slices' sums in float64: top-p's boundary can differ from an exact one only
 where p times the total lies within about 1e-7 of the total from the cumulative weight at a
-token (PyTorch's, normalized by a float32 log-sum-exp, has errors of that size too).
+token (PyTorch's, normalized by a float32 log-sum-exp, has errors of that size too). Sums
+follow the logits' order, so a row's threshold never depends on the other rows or the run.
 
-On CUDA all of it is one launch of rows x slices programs, those of a row waiting for each
-other between steps; elsewhere (the interpreter) a launch per step: one for the rows'
-maxima, eight per filter searched, one to finish. Nothing waits for the host.
+On CUDA, for a few rows, all of it is one launch of rows x slices programs, those of a row
+waiting for each other between steps; for more rows (and in the interpreter) a launch per
+step: one for the rows' maxima, eight per filter searched, one to finish. Nothing waits for
+the host.
 """
 
 from __future__ import annotations
