@@ -317,25 +317,18 @@ def _filters_kernel(
     _slice_max(max_ptr, logits_ptr, row, part, vocab_size, stride_row, num_slices, SLICE)
     _row_barrier(arrived_ptr, num_slices)
     barriers = 1
-    if HAS_TOP_K:
-        for step in range(8):
-            _search_step(
-                row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
-                target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr,
-                floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices, step,
-                False, False, SLICE, SLICES_PAD, CHUNK,
-            )  # fmt: skip
-            barriers += 1
-            _row_barrier(arrived_ptr, barriers * num_slices)
-    for step in range(8 * HAS_TOP_P):
-        _search_step(
-            row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
-            target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr,
-            floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row, num_rows, num_slices, step,
-            True, HAS_TOP_K, SLICE, SLICES_PAD, CHUNK,
-        )  # fmt: skip
-        barriers += 1
-        _row_barrier(arrived_ptr, barriers * num_slices)
+    for search in tl.static_range(2):  # top-k's, then top-p's
+        if (HAS_TOP_K and search == 0) or (HAS_TOP_P and search == 1):
+            for step in range(8):
+                _search_step(
+                    row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr,
+                    above_ptr, target_ptr, logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                    log_min_p_ptr, floor_ptr, keys_ptr, counts_ptr, vocab_size, stride_row,
+                    num_rows, num_slices, step, search == 1, HAS_TOP_K and search == 1, SLICE,
+                    SLICES_PAD, CHUNK,
+                )  # fmt: skip
+                barriers += 1
+                _row_barrier(arrived_ptr, barriers * num_slices)
     # step 8 (the slice-0 program): the threshold
     _search_step(
         row, part, out_ptr, threshold_ptr, max_ptr, partial_ptr, prefix_ptr, above_ptr,
