@@ -27,6 +27,7 @@ import triton.language as tl
 
 from kernels.launch import FastLaunch
 from kernels.pdl import chain_launch, has_pdl, num_sms
+from kernels.scratch import zeroed_int32
 
 _LOG2E = 1.4426950408889634
 # Decode splits the KV range until the (sequence, KV head) programs number more than
@@ -854,25 +855,6 @@ def _pick_decode_config(
     return DecodeConfig(32, 4, 6, merge_block_h, pdl=has_pdl(device))
 
 
-# Per device, an all-zero int32 ticket buffer for the fused merge: every launch leaves it all
-# zero again (the last program of each ticket resets it), so it is allocated once, not
-# zeroed per call. A buffer that grew is kept alive: captured CUDA graphs still point at it.
-# Launches on one device must not overlap in time (one stream).
-_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _ticket_buffer(device: torch.device, size: int) -> torch.Tensor:
-    buffers = _TICKETS.setdefault(device, [])
-    if buffers and buffers[-1].numel() >= size:
-        return buffers[-1]
-    tickets = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # The zeroing is only recorded, not run, until the graph replays: not reusable now.
-        return tickets
-    buffers.append(tickets)
-    return tickets
-
-
 def _launch_decode(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -919,7 +901,8 @@ def _launch_decode(
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
     if is_fused:
-        tickets = _ticket_buffer(query.device, num_seqs * num_groups)
+        # all zero before and after every launch (the last program of each ticket resets it)
+        tickets = zeroed_int32(query.device, num_seqs * num_groups, "paged_attention")
     else:  # never touched
         tickets = torch.empty(1, dtype=torch.int32, device=query.device)
     _DECODE[grid](

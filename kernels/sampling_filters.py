@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
+from kernels.scratch import zeroed_int32
 
 _SLICE = 4096  # logits per program
 _DIGITS = 8  # four-bit digits of a 32-bit key
@@ -348,20 +349,6 @@ _SEARCH = FastLaunch(_search_kernel)
 _FILTERS = FastLaunch(_filters_kernel)
 
 
-# Per device, the persistent kernel's counters, all zero between launches (each launch leaves
-# them so), allocated once and grown when more rows come. Launches on one device must not
-# overlap in time (one stream).
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, rows: int) -> torch.Tensor:
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < 1 + 2 * rows:
-        counters = torch.zeros(1 + 2 * max(rows, 256), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
-
-
 def _launch_shape(rows: int, vocab_size: int, device: torch.device) -> tuple[bool, int]:
     """(persistent, slice size): one launch where all its programs are resident at once,
     one per multiprocessor in slices of 1024 or (programs of four warps, about four per
@@ -447,9 +434,11 @@ def filter_thresholds(
         rows, num_slices,
     )  # fmt: skip
     if persistent:
+        # the ticket, then each row's arrivals and exits: all zero before and after a launch
+        counters = zeroed_int32(device, 1 + 2 * rows, "sampling_filters")
         _FILTERS[(rows * num_slices,)](
-            _counters(device, rows), *args, HAS_TOP_K=has_top_k, HAS_TOP_P=has_top_p,
-            SLICE=slice_size, SLICES_PAD=pad, CHUNK=chunk, num_warps=warps,
+            counters, *args, HAS_TOP_K=has_top_k, HAS_TOP_P=has_top_p, SLICE=slice_size,
+            SLICES_PAD=pad, CHUNK=chunk, num_warps=warps,
         )  # fmt: skip
         return out
     _SLICE_MAX[(rows, num_slices)](
