@@ -7,9 +7,10 @@ timed with the engine switched between synchronous steps (the host schedules, la
 waits for the samples, then schedules the next step) and asynchronous ones (step n + 1 is
 launched before step n's samples are read back), alternating ``--repeats`` times after an
 untimed pass of each. Prints every timed pass, then the medians and their ratio. With
-``--sampling top-p`` or ``top-k`` a third mode, ``async-sorted``, is asynchronous with the
-filters' thresholds from PyTorch (``topk``, whole rows sorted: ``Sampler.sort_free`` False)
-instead of ``kernels.sampling_filters``.
+``--sampling top-p`` a third mode, ``async-sorted``, is asynchronous with top-p's thresholds
+from PyTorch's row sorts (``Sampler.sort_free`` False) instead of
+``kernels.sampling_filters``. Top-k 50 (``--sampling top-k``) takes ``torch.topk`` either way,
+so it has no third mode.
 
     python3 benchmarks/bench_async_scheduling.py [--shape 8b] [--batches 1,32] [--prompt-len 128]
         [--num-decode 64] [--repeats 3] [--forms bf16,int4] [--sampling greedy|top-p|top-k]
@@ -67,7 +68,7 @@ def main() -> None:
     print(f"{args.shape}: engine built in {time.perf_counter() - start:.1f} s", flush=True)
     vocab = SHAPES[args.shape]["vocab_size"]
     modes = {"sync": False, "async": True}
-    if args.sampling != "greedy":  # asynchronous, the thresholds from PyTorch's topk and sorts
+    if args.sampling == "top-p":  # asynchronous, top-p's thresholds from PyTorch's row sorts
         modes["async-sorted"] = True
     rates: dict[tuple[str, int, str], list[float]] = {}
     passes = len(forms) * len(batches) * len(modes) * (args.repeats + 1)
