@@ -34,6 +34,7 @@ from kernels.paged_attention import (
     DecodeConfig,
     _launch,
     _launch_decode,
+    _tma_block,
     default_num_kv_splits,
     paged_attention,
 )
@@ -157,7 +158,9 @@ def decode_case(batch: int, seq_len: int, copy_bytes_per_s: float, sweep: bool) 
     row = {
         "batch": batch,
         "seq_len": seq_len,
-        "num_kv_splits": default_num_kv_splits(batch, NUM_KV_HEADS, 1, seq_len, query.device),
+        "num_kv_splits": default_num_kv_splits(
+            batch, NUM_KV_HEADS, 1, seq_len, query.device, _tma_block(key_cache, value_cache)
+        ),
         "ours_us": ours_ms * 1e3,
         "sdpa_us": sdpa_ms * 1e3,
         "ours_frac_copy": kv_bytes / (ours_ms * 1e-3) / copy_bytes_per_s,

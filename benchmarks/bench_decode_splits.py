@@ -1,8 +1,9 @@
 """The decode split-count rule against its neighbours, batch 1-32 x context 512-8192.
 
 For each shape, ``default_num_kv_splits`` (marked ``*``) and the counts around it (half,
-double, and the previous rule's choice), each launched as ``paged_attention`` would launch it
-(``_pick_decode_config`` for that count), timed as in ``bench_attention.py``: one CUDA-graph
+double, and ``p``: the rule's count for the pointer loads, where the launch reads K/V by
+TMA), each launched as ``paged_attention`` would launch it (``_pick_decode_config`` for that
+count), timed as in ``bench_attention.py``: one CUDA-graph
 replay with L2 flushed, and layered (back-to-back calls on their own caches). SDPA on
 contiguous K/V is the peer; ratios are ours / SDPA. Llama-3-8B heads, bf16, block size 16.
 
@@ -31,33 +32,20 @@ from benchmarks.bench_attention import (
 from kernels.paged_attention import (
     _launch_decode,
     _pick_decode_config,
+    _tma_block,
     default_num_kv_splits,
 )
-from kernels.pdl import num_sms
 
 SHAPES = [(b, c) for b in (1, 2, 4, 8, 12) for c in (512, 1024, 2048, 4096, 8192)]
 SHAPES += [(16, 512), (16, 1024), (16, 2048), (16, 8192), (24, 512), (24, 2048), (32, 512),
            (32, 2048), (64, 2048)]  # fmt: skip
 
 
-def previous_rule(num_seqs: int, max_seq_len: int, num_sms: int) -> int:
-    """The rule before this script: largest power of two s with s^2 x programs <= context,
-    only below one program per SM, at most 4 per SM."""
-    programs = num_seqs * NUM_KV_HEADS
-    if programs >= num_sms:
-        return 1
-    max_splits = min(4 * num_sms // programs, 64)
-    splits = 1
-    while 2 * splits <= max_splits and (2 * splits) ** 2 * programs <= max_seq_len:
-        splits *= 2
-    return splits
-
-
 def main() -> None:
     torch.manual_seed(0)
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(), torch.__version__)
-    print("shape | splits (* rule, p previous rule): graph us (/SDPA) / layered us (/SDPA) | SDPA")
+    print("shape | splits (* rule, p pointer rule): graph us (/SDPA) / layered us (/SDPA) | SDPA")
     for batch, ctx in SHAPES:
         query, key_cache, value_cache, _, seq_lens, tables = paged_batch(batch, ctx, 1)
         layers = num_layers(2 * batch * ctx * NUM_KV_HEADS * HEAD_DIM * key_cache.element_size())
@@ -72,12 +60,13 @@ def main() -> None:
                         torch.randn_like(v), enable_gqa=True) for _ in range(layers)]  # fmt: skip
         sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
         del sdpa
-        rule = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
-        before = previous_rule(batch, ctx, num_sms(device))
+        tma_block = _tma_block(key_cache, value_cache)
+        rule = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device, tma_block)
+        before = default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
         cells = []
         for splits in sorted({max(1, rule // 2), rule, min(64, rule * 2), before}):
             config = _pick_decode_config(
-                device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch
+                device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch, tma_block
             )
             args = (seq_lens, tables, SCALE, None, out, splits, config)
             fns = [partial(_launch_decode, query, kc, vc, *args) for kc, vc in caches]

@@ -3,12 +3,15 @@
 Shapes where issue 3's targets are tight (batch 1 at long context, batch 8-32 at short), the
 shipped decode config (``_pick_decode_config``) against the same with one field changed:
 
-- ``masked``: every tile's loads predicated (``whole_tiles=False``, the previous kernel);
+- ``pointer``: where the shipped launch reads K/V by TMA (sm_90+), the launch it replaced
+  (per-thread pointer loads, ``_pick_decode_config`` without a TMA block size);
 - ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
   (``wait=True``; sm_90+), so consecutive layers' launches overlap;
 - with ``--caps 64,96,...``, ``cap N`` instead: the decode kernel's registers per thread
   capped at N (``maxnreg``);
 - with ``--tiles 16x4x8,...`` (BLOCK_N x warps x stages), those launch shapes instead;
+- with ``--tma`` as well as ``--tiles`` (sm_90+), each tile shape also with K/V by TMA
+  (``tma BxWxS`` beside ``tiles BxWxS``, which has the pointer loads);
 - ``--shapes 16x512,...`` (batch x context) in place of the default list, ``--splits 2,4`` the
   split counts to run each shape at (default: the launcher's own).
 
@@ -18,6 +21,7 @@ caches back to back in one graph). Every variant's output is checked against SDP
     PYTHONPATH=. python3 benchmarks/bench_decode_variants.py [--caps 64,96,128]
     PYTHONPATH=. python3 benchmarks/bench_decode_variants.py --tiles 16x4x8,32x4x8 \
         --shapes 16x512,1x8192 --splits 2,4
+    PYTHONPATH=. python3 benchmarks/bench_decode_variants.py --tma --tiles 16x4x8,64x4x4
 """
 
 from __future__ import annotations
@@ -43,7 +47,12 @@ from benchmarks.bench_attention import (
     num_layers,
     paged_batch,
 )
-from kernels.paged_attention import _launch_decode, _pick_decode_config, default_num_kv_splits
+from kernels.paged_attention import (
+    _launch_decode,
+    _pick_decode_config,
+    _tma_block,
+    default_num_kv_splits,
+)
 
 SHAPES = [(1, 2048), (1, 8192), (8, 512), (12, 512), (16, 512), (16, 2048), (32, 512),
           (64, 2048), (256, 2048)]  # fmt: skip
@@ -59,16 +68,21 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="BLOCK_N x warps x stages list instead")
     parser.add_argument("--shapes", default="", help="batch x context list (default: SHAPES)")
     parser.add_argument("--splits", default="", help="split counts per shape (default: own)")
+    parser.add_argument("--tma", action="store_true", help="K/V by TMA beside the pointer loads")
     args = parser.parse_args()
     caps = [int(c) for c in args.caps.split(",") if c]
-    variants = {"shipped": {}, "masked": {"whole_tiles": False}, "wait": {"wait": True}}
+    # "pointer": the launch the shipped one replaced where K/V come by TMA (sm_90+)
+    variants = {"shipped": {}, "pointer": None, "wait": {"wait": True}}
     if caps:
         variants = {"shipped": {}, **{f"cap {c}": {"maxnreg": c} for c in caps}}
     if args.tiles:
-        variants = {"shipped": {}}
+        variants = {"shipped": {}, "pointer": None}
         for tile in args.tiles.split(","):
             block_n, warps, stages = (int(v) for v in tile.split("x"))
-            variants[f"tiles {tile}"] = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+            change = dict(block_n=block_n, num_warps=warps, num_stages=stages, tma=False)
+            variants[f"tiles {tile}"] = change
+            if args.tma:
+                variants[f"tma {tile}"] = {**change, "tma": True}
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -94,12 +108,12 @@ def main() -> None:
         sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
         del sdpa, k, v
         splits = forced or default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
-        shipped = _pick_decode_config(
-            device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch
-        )
+        shape = (device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch)
+        shipped = _pick_decode_config(*shape, _tma_block(key_cache, value_cache))
+        pointer = _pick_decode_config(*shape, 0)
         cells, layered_shipped = [], 0.0
         for name, change in variants.items():
-            config = dataclasses.replace(shipped, **change)
+            config = pointer if change is None else dataclasses.replace(shipped, **change)
             out = torch.empty_like(query)
             args = (seq_lens, tables, SCALE, None, out, splits, config)
             _launch_decode(query, key_cache, value_cache, *args)

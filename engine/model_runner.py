@@ -111,12 +111,13 @@ class ModelRunner:
             self.piecewise = PiecewiseGraphs(
                 self._hidden_states_with, self.ops, self.device, max_capture_tokens
             )
-        from kernels.paged_attention import default_num_kv_splits
+        from kernels.paged_attention import _tma_block, default_num_kv_splits
 
         kv_heads = self.model.num_local_kv_heads
+        tma_block = _tma_block(*self.kv_caches[0])
 
         def num_splits(num_seqs: int, max_seq_len: int) -> int:
-            return default_num_kv_splits(num_seqs, kv_heads, 1, max_seq_len, self.device)
+            return default_num_kv_splits(num_seqs, kv_heads, 1, max_seq_len, self.device, tma_block)
 
         self.graphs = DecodeGraphs(
             self._hidden_states, num_splits, self.device, max_num_seqs,

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.launch import FastLaunch
 from kernels.pdl import chain_launch, has_pdl, num_sms
@@ -37,6 +38,11 @@ _LOG2E = 1.4426950408889634
 _MIN_PROGRAMS_PER_SM = 1.5
 _SPLIT_PROGRAMS_PER_SM = 4
 _LONG_SPLIT = 512
+# With K/V by TMA a program's fixed cost is smaller, and on the H200 splits of 128-256
+# positions were faster wherever they kept <= 4 programs per SM (1 x 8192: 64 splits 14.1 us
+# against 15.4 for 32; 16 x 512: 4 splits 13.6 against 15.2 for 2; twentieth session,
+# `bench_decode_splits.py`, BENCHMARKS.md).
+_LONG_SPLIT_TMA = 128
 _MIN_SPLIT = 64
 _MAX_KV_SPLITS = 64
 
@@ -348,6 +354,93 @@ def _decode_tile(
 
 
 @triton.jit
+def _tma_scores(
+    q, k_desc, table_ptr, blk, col, seq_len, sliding_window, scale_log2,
+    BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_FP32: tl.constexpr,
+):  # fmt: skip
+    # Scores of one cache block (table entry blk) whose K rows come by TMA: [BLOCK_M,
+    # BLOCK_SIZE]. The box starts `shift` rows before the block, shift being the block's rows
+    # past the sequence, so those rows fall before row 0 and the TMA engine fills them with
+    # zeros instead of reading them: box row c holds position blk * BLOCK_SIZE + c - shift,
+    # and rows c < shift are masked here (a block wholly past the sequence is all fill, from
+    # block 0). V's box (_tma_pv) is shifted the same way, so its rows past the sequence are
+    # zeros too: stale values there, even NaN, never reach the output.
+    rows = tl.arange(0, BLOCK_SIZE)
+    in_block = tl.minimum(seq_len - blk * BLOCK_SIZE, BLOCK_SIZE)
+    shift = BLOCK_SIZE - tl.maximum(in_block, 0)
+    valid = rows >= shift
+    if HAS_WINDOW:
+        valid = valid & (blk * BLOCK_SIZE + rows - shift >= seq_len - sliding_window)
+    block_id = tl.load(table_ptr + blk, mask=in_block > 0, other=0)
+    k = k_desc.load([block_id, -shift, col]).reshape(BLOCK_SIZE, k_desc.block_shape[2])
+    if IS_FP32:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    return tl.where(valid[None, :], s * scale_log2, float("-inf")), block_id, shift
+
+
+@triton.jit
+def _tma_pv(acc, p, v_desc, block_id, shift, col, BLOCK_SIZE: tl.constexpr, IS_FP32: tl.constexpr):
+    v = v_desc.load([block_id, -shift, col]).reshape(BLOCK_SIZE, v_desc.block_shape[2])
+    if IS_FP32:
+        return tl.dot(p, v, acc, input_precision="ieee")
+    return tl.dot(p.to(v.dtype), v, acc)
+
+
+@triton.jit
+def _decode_tile_tma(
+    acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2, k_desc, v_desc,
+    table_ptr, col,
+    BLOCK_SIZE: tl.constexpr, BLOCKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):  # fmt: skip
+    # _decode_tile over BLOCKS (1, 2 or 4) whole cache blocks, each block's K and V rows of
+    # one KV head fetched by the TMA engine as one [BLOCK_SIZE, HEAD_DIM] box: no per-thread
+    # addresses or predicates (rows past the sequence come as zeros: _tma_scores).
+    blk = kv_start // BLOCK_SIZE
+    s0, b0, h0 = _tma_scores(
+        q, k_desc, table_ptr, blk, col, seq_len, sliding_window, scale_log2,
+        BLOCK_SIZE, HAS_WINDOW, IS_FP32,
+    )  # fmt: skip
+    m_new = tl.maximum(m_i, tl.max(s0, 1))
+    if BLOCKS >= 2:
+        s1, b1, h1 = _tma_scores(
+            q, k_desc, table_ptr, blk + 1, col, seq_len, sliding_window, scale_log2,
+            BLOCK_SIZE, HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+        m_new = tl.maximum(m_new, tl.max(s1, 1))
+    if BLOCKS == 4:
+        s2, b2, h2 = _tma_scores(
+            q, k_desc, table_ptr, blk + 2, col, seq_len, sliding_window, scale_log2,
+            BLOCK_SIZE, HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+        s3, b3, h3 = _tma_scores(
+            q, k_desc, table_ptr, blk + 3, col, seq_len, sliding_window, scale_log2,
+            BLOCK_SIZE, HAS_WINDOW, IS_FP32,
+        )  # fmt: skip
+        m_new = tl.maximum(m_new, tl.maximum(tl.max(s2, 1), tl.max(s3, 1)))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    acc = acc * alpha[:, None]
+    p = tl.exp2(s0 - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _tma_pv(acc, p, v_desc, b0, h0, col, BLOCK_SIZE, IS_FP32)
+    if BLOCKS >= 2:
+        p = tl.exp2(s1 - m_safe[:, None])
+        l_i += tl.sum(p, 1)
+        acc = _tma_pv(acc, p, v_desc, b1, h1, col, BLOCK_SIZE, IS_FP32)
+    if BLOCKS == 4:
+        p = tl.exp2(s2 - m_safe[:, None])
+        l_i += tl.sum(p, 1)
+        acc = _tma_pv(acc, p, v_desc, b2, h2, col, BLOCK_SIZE, IS_FP32)
+        p = tl.exp2(s3 - m_safe[:, None])
+        l_i += tl.sum(p, 1)
+        acc = _tma_pv(acc, p, v_desc, b3, h3, col, BLOCK_SIZE, IS_FP32)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _merge_heads(
     out_ptr,
     part_out_ptr,
@@ -399,6 +492,8 @@ def _paged_decode_kernel(
     part_out_ptr,  # [num_seqs, num_heads, num_splits, HEAD_DIM_PAD] fp32 (IS_SPLIT)
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain
     tickets_ptr,  # [num_seqs * num_kv_heads / KV_HEADS] int32, all 0 (FUSED_MERGE)
+    k_desc,  # TMA: TensorDescriptors of the caches as [blocks, block_size, kv_heads * head_dim]
+    v_desc,
     q_ptr,  # [num_seqs, num_heads, head_dim]: one query token per sequence
     k_cache_ptr,
     v_cache_ptr,
@@ -443,6 +538,7 @@ def _paged_decode_kernel(
     TRIGGER: tl.constexpr,
     WAIT: tl.constexpr,
     WHOLE_TILES: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     if WAIT:  # launched as a programmatic dependent: nothing is read before the previous
         tl.extra.cuda.gdc_wait()  # kernel on the stream has finished
@@ -494,24 +590,32 @@ def _paged_decode_kernel(
     col_off_k = col_head * stride_k_h + col_d * stride_k_d
     col_off_v = col_head * stride_v_h + col_d * stride_v_d
     table_ptr = block_tables_ptr + row * stride_bt_s
-    if HAS_WINDOW or not WHOLE_TILES:  # a window's first tile may be partial: all masked
-        full_end = kv_begin
-    else:  # whole tiles unpredicated, then at most one partial tile (the sequence's last)
-        full_end = tl.maximum(tl.minimum(kv_end, seq_len // BLOCK_N * BLOCK_N), kv_begin)
-        for kv_start in range(kv_begin, full_end, BLOCK_N):
+    if TMA:  # whole cache blocks of one KV head (KV_HEADS == 1, HEAD_DIM == HEAD_DIM_PAD)
+        col = kv_group * HEAD_DIM
+        for kv_start in range(kv_begin, kv_end, BLOCK_N):
+            acc, m_i, l_i = _decode_tile_tma(
+                acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2, k_desc,
+                v_desc, table_ptr, col, BLOCK_SIZE, BLOCK_N // BLOCK_SIZE, HAS_WINDOW, IS_FP32,
+            )  # fmt: skip
+    else:
+        if HAS_WINDOW or not WHOLE_TILES:  # a window's first tile may be partial: all masked
+            full_end = kv_begin
+        else:  # whole tiles unpredicated, then at most one partial tile (the sequence's last)
+            full_end = tl.maximum(tl.minimum(kv_end, seq_len // BLOCK_N * BLOCK_N), kv_begin)
+            for kv_start in range(kv_begin, full_end, BLOCK_N):
+                acc, m_i, l_i = _decode_tile(
+                    acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
+                    k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
+                    stride_k_b, stride_k_s, stride_v_b, stride_v_s,
+                    BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, True,
+                )  # fmt: skip
+        for kv_start in range(full_end, kv_end, BLOCK_N):
             acc, m_i, l_i = _decode_tile(
                 acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
                 k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
                 stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-                BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, True,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, False,
             )  # fmt: skip
-    for kv_start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _decode_tile(
-            acc, m_i, l_i, q, kv_start, seq_len, sliding_window, scale_log2,
-            k_base_ptr, v_base_ptr, table_ptr, col_off_k, col_off_v, col_valid,
-            stride_k_b, stride_k_s, stride_v_b, stride_v_s,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM != HEAD_DIM_PAD, HAS_WINDOW, IS_FP32, False,
-        )  # fmt: skip
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
@@ -595,30 +699,38 @@ def _next_pow2(n: int) -> int:
 
 
 def default_num_kv_splits(
-    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device
+    num_seqs: int,
+    num_kv_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    device: torch.device,
+    tma_block: int = 0,
 ) -> int:
     """How many programs share one sequence's KV range when the launcher is not told.
 
     Only decode-only steps on CUDA split. With P = sequences x KV heads programs unsplit, the
     count is the smallest power of two that makes more than 1.5 programs per SM, then doubled
-    while the programs stay at most 4 per SM and each split keeps 512 positions, and never so
-    many that a split gets fewer than 64 positions or more than 64 splits. On the H200 (132
-    SMs) that gives 8, 32, 32 splits for one sequence of 512, 2048, 8192 positions; 4 for 8
-    sequences of 512 (was 2: 14.8 against 16.8 us); 2, 4, 4 for 16 sequences of 512, 2048,
-    8192; 2 for 24 sequences of 2048 (was 1: 65.2 against 85.7 us); none from 64 sequences.
+    while the programs stay at most 4 per SM and each split keeps 512 positions (128 where
+    the decode kernel reads K/V by TMA, ``tma_block`` from ``_tma_block``), and never so many
+    that a split gets fewer than 64 positions or more than 64 splits. On the H200 (132 SMs)
+    that gives 8, 32, 32 splits for one sequence of 512, 2048, 8192 positions (64 for 8192
+    with TMA); 4 for 8 sequences of 512 (was 2: 14.8 against 16.8 us); 2, 4, 4 for 16
+    sequences of 512, 2048, 8192 (4, 4, 4 with TMA); 2 for 24 sequences of 2048 (was 1: 65.2
+    against 85.7 us); none from 64 sequences.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
     num_programs = num_seqs * num_kv_heads
     sms = num_sms(device)
     max_splits = max(1, min(max_seq_len // _MIN_SPLIT, _MAX_KV_SPLITS))
+    long_split = _LONG_SPLIT_TMA if tma_block else _LONG_SPLIT
     splits = 1
     while 2 * splits <= max_splits and num_programs * splits <= _MIN_PROGRAMS_PER_SM * sms:
         splits *= 2
     while (
         2 * splits <= max_splits
         and num_programs * 2 * splits <= _SPLIT_PROGRAMS_PER_SM * sms
-        and max_seq_len // (2 * splits) >= _LONG_SPLIT
+        and max_seq_len // (2 * splits) >= long_split
     ):
         splits *= 2
     return splits
@@ -712,14 +824,16 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
+    tma_block = _tma_block(key_cache, value_cache)
     if num_kv_splits is None:
         num_kv_splits = default_num_kv_splits(
-            num_seqs, num_kv_heads, max_query_len, max_seq_len, query.device
+            num_seqs, num_kv_heads, max_query_len, max_seq_len, query.device, tma_block
         )
     if max_query_len == 1 and num_tokens == num_seqs:  # every sequence has one new token
         config = _pick_decode_config(
-            query.device, query.dtype, num_heads, num_kv_heads, head_dim, num_kv_splits, num_seqs
-        )
+            query.device, query.dtype, num_heads, num_kv_heads, head_dim, num_kv_splits,
+            num_seqs, tma_block,
+        )  # fmt: skip
         return _launch_decode(
             query, key_cache, value_cache, seq_lens, block_tables, scale, sliding_window, out,
             num_kv_splits, config,
@@ -808,6 +922,11 @@ class DecodeConfig:
     by default for the same reason. ``maxnreg`` (CUDA): registers per thread capped at that
     (ptxas schedules differently under a cap; the INT4 mma kernel gained from it, this one
     did not at any cap from 40 to 168: BENCHMARKS.md, so off).
+    ``tma`` (sm_90+, or the interpreter): each cache block's K and V rows of a KV head come by
+    the TMA engine, one box per block (tiles of 1, 2 or 4 whole blocks), masked in the scores
+    only, so rows of V past a sequence must hold finite values (the engine's caches start
+    zeroed); where it does not apply (several KV heads per program, a padded head size, a
+    cache that is not contiguous) the pointer loads run.
     """
 
     block_n: int
@@ -820,6 +939,7 @@ class DecodeConfig:
     wait: bool = False
     whole_tiles: bool = False
     maxnreg: int | None = None
+    tma: bool = False
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in
@@ -829,8 +949,10 @@ _MAX_FUSED_SPLITS = 8
 
 def _pick_decode_config(
     device: torch.device, dtype: torch.dtype, num_heads: int, num_kv_heads: int,
-    head_dim: int, num_kv_splits: int, num_seqs: int,
+    head_dim: int, num_kv_splits: int, num_seqs: int, tma_block: int = 0,
 ) -> DecodeConfig:  # fmt: skip
+    """The decode launch for this shape; ``tma_block``: the cache's block size where its K/V
+    can come by TMA (``_tma_block``), else 0."""
     if device.type != "cuda":  # the interpreter pays per program: merge a token in one
         return DecodeConfig(16, 4, 1, merge_block_h=_next_pow2(num_heads))
     head_dim_pad = max(16, _next_pow2(head_dim))
@@ -838,6 +960,24 @@ def _pick_decode_config(
         return DecodeConfig(32, 4, 3)
     if dtype == torch.float32:
         return DecodeConfig(128, 4, 3)
+    # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread;
+    # on sm_90+ the merge launch overlaps the split kernel's tail (PDL).
+    merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
+    merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
+    if tma_block:
+        # K/V by TMA, one-warp programs (the warp only does the math), 6 tiles in flight: one
+        # cache block per tile when split, 32 positions unsplit. On the H200 with Llama-3-8B
+        # heads, layered us: 1 x 8192 14.5 against 16.0 with the pointer loads below, 16 x 512
+        # 14.3 against 15.4, 32 x 512 22.2 against 27.3, 64 x 2048 131.3 against 137.3
+        # (twentieth session, BENCHMARKS.md).
+        if num_kv_splits > _MAX_FUSED_SPLITS:
+            return DecodeConfig(tma_block, 1, 6, merge_block_h, pdl=has_pdl(device), tma=True)
+        if num_kv_splits > 1:
+            return DecodeConfig(tma_block, 1, 6, fused_merge=True, tma=True)
+        # Unsplit, more than 4 programs per SM (256 x 8 KV heads): the pointer loads below
+        # (256 x 8192 2137 us by TMA against 1925-1934 in earlier runs).
+        if num_seqs * num_kv_heads <= _SPLIT_PROGRAMS_PER_SM * num_sms(device):
+            return DecodeConfig(32, 1, 6, tma=True)
     # Tuned on the H200 with Llama-3-8B heads (BENCHMARKS.md): split ranges are short, so keep
     # many small tiles in flight; long unsplit ranges prefer 64-position tiles.
     if num_kv_splits == 1:
@@ -848,11 +988,26 @@ def _pick_decode_config(
         # warps; with 2 splits, or 64 pairs, 4 warps stayed faster; BENCHMARKS.md).
         warps = 1 if num_seqs * num_kv_heads >= 128 and num_kv_splits >= 4 else 4
         return DecodeConfig(32, warps, 6, fused_merge=True)
-    # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread;
-    # on sm_90+ the merge launch overlaps the split kernel's tail (PDL).
-    merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
-    merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
     return DecodeConfig(32, 4, 6, merge_block_h, pdl=has_pdl(device))
+
+
+def _tma_block(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int:
+    """The caches' block size where the default decode launch reads K/V by TMA (sm_90+,
+    16-bit, contiguous caches on 16-byte boundaries, blocks of 16 or 32 positions, a power-of-
+    two head size of at most 128), else 0."""
+    _, block_size, _, head_dim = key_cache.shape
+    if (
+        key_cache.device.type != "cuda"
+        or torch.cuda.get_device_capability(key_cache.device)[0] < 9
+        or key_cache.dtype not in (torch.float16, torch.bfloat16)
+        or block_size not in (16, 32)
+        or head_dim not in (16, 32, 64, 128)
+    ):
+        return 0
+    caches = (key_cache, value_cache)
+    if not all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in caches):
+        return 0
+    return block_size
 
 
 def _launch_decode(
@@ -900,31 +1055,75 @@ def _launch_decode(
         )
     else:  # never touched by the kernel; any float32 tensor stands in
         part_out = part_lse = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=query.device)
+    use_tma = config.tma and _tma_applies(query, key_cache, value_cache, config, kv_heads)
+    if use_tma:
+        k_desc, v_desc = (
+            TensorDescriptor.from_tensor(
+                cache.view(-1, block_size, num_kv_heads * head_dim), [1, block_size, head_dim]
+            )
+            for cache in (key_cache, value_cache)
+        )
+    else:  # never touched
+        k_desc = v_desc = None
     if is_fused:
         # all zero before and after every launch (the last program of each ticket resets it)
         tickets = zeroed_int32(query.device, num_seqs * num_groups, "paged_attention")
     else:  # never touched
         tickets = torch.empty(1, dtype=torch.int32, device=query.device)
-    _DECODE[grid](
-        out, part_out, part_lse, tickets, query, key_cache, value_cache, seq_lens, block_tables,
-        scale * _LOG2E, num_kv_splits, sliding_window or 0,
-        *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
-        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
+    options = dict(
         BLOCK_SIZE=block_size, GROUP=group, KV_HEADS=kv_heads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=max(16, _next_pow2(group * kv_heads)), BLOCK_N=config.block_n,
         IS_SPLIT=is_split, FUSED_MERGE=is_fused, SPLITS_PAD=_next_pow2(num_kv_splits),
         HEADS_PAD=_next_pow2(group * kv_heads),
         HAS_WINDOW=sliding_window is not None, IS_FP32=query.dtype == torch.float32,
-        TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles,
+        TRIGGER=trigger, WAIT=wait, WHOLE_TILES=config.whole_tiles, TMA=use_tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if wait else {}),
         **({"maxnreg": config.maxnreg} if config.maxnreg else {}),
     )  # fmt: skip
+    # the descriptors' type (dtype, box) follows from the options and the cache's dtype
+    key = (*options.values(), key_cache.dtype if use_tma else None)
+    _DECODE(
+        grid, key,
+        out, part_out, part_lse, tickets, k_desc, v_desc, query, key_cache, value_cache,
+        seq_lens, block_tables, scale * _LOG2E, num_kv_splits, sliding_window or 0,
+        *query.stride(), *out.stride(), *key_cache.stride()[:4], *value_cache.stride()[:4],
+        block_tables.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        **options,
+    )  # fmt: skip
     if is_split and not is_fused:
         _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
     return out
+
+
+def _tma_applies(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    config: DecodeConfig,
+    kv_heads: int,
+) -> bool:
+    """Whether ``DecodeConfig.tma`` can run: one KV head per program, a power-of-two head
+    size and block size of at least 16 (whole mma operands), tiles of 1, 2 or 4 blocks,
+    contiguous caches on 16-byte boundaries, and a GPU with a TMA engine (sm_90+) or the
+    interpreter."""
+    _, block_size, _, head_dim = key_cache.shape
+    blocks = config.block_n // block_size
+    if query.device.type == "cuda":
+        if torch.cuda.get_device_capability(query.device)[0] < 9:
+            return False
+    return (
+        kv_heads == 1
+        and head_dim >= 16
+        and head_dim == _next_pow2(head_dim)
+        and block_size >= 16
+        and block_size == _next_pow2(block_size)
+        and blocks in (1, 2, 4)
+        and blocks * block_size == config.block_n
+        and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (key_cache, value_cache))
+    )
 
 
 def _merge(

@@ -22,14 +22,30 @@ H200_SPLITS = {
 }
 
 
+# The same where the decode kernel reads K/V by TMA: splits down to 128 positions.
+H200_SPLITS_TMA = {
+    1: [8, 16, 32, 32, 64],
+    2: [8, 16, 16, 32, 32],
+    4: [8, 8, 16, 16, 16],
+    8: [4, 8, 8, 8, 8],
+    12: [4, 4, 4, 4, 4],
+    16: [4, 4, 4, 4, 4],
+    24: [2, 2, 2, 2, 2],
+    32: [2, 2, 2, 2, 2],
+    64: [1, 1, 1, 1, 1],
+}
+
+
+@pytest.mark.parametrize("tma_block", [0, 16])
 @pytest.mark.parametrize("batch", sorted(H200_SPLITS))
-def test_split_counts_on_an_h200(monkeypatch, batch):
+def test_split_counts_on_an_h200(monkeypatch, batch, tma_block):
     monkeypatch.setattr(pa, "num_sms", lambda device: 132)
     cuda = torch.device("cuda")  # only its type is read
     got = [
-        pa.default_num_kv_splits(batch, 8, 1, ctx, cuda) for ctx in (512, 1024, 2048, 4096, 8192)
+        pa.default_num_kv_splits(batch, 8, 1, ctx, cuda, tma_block)
+        for ctx in (512, 1024, 2048, 4096, 8192)
     ]
-    assert got == H200_SPLITS[batch]
+    assert got == (H200_SPLITS_TMA if tma_block else H200_SPLITS)[batch]
 
 
 def test_no_split_off_cuda_prefill_or_short_contexts(monkeypatch):

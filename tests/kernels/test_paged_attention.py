@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
 from kernels.paged_attention import (  # noqa: E402
     DecodeConfig,
     _launch_decode,
+    _tma_applies,
     paged_attention,
     paged_attention_ref,
 )
@@ -195,6 +196,132 @@ def test_decode_whole_tiles(num_kv_splits):
     )  # fmt: skip
     ref = paged_attention_ref(*batch.args(scale))
     assert_close(out, ref, torch.float16, f"whole tiles, splits {num_kv_splits}")
+
+
+# (block_size, BLOCK_N, splits, fused merge): tiles of one, two and four cache blocks, splits
+# that see no key, and the merge kernel or the fused one.
+TMA_CASES = [(16, 16, 1, False), (16, 32, 3, False), (16, 64, 8, False), (16, 32, 3, True),
+             (32, 32, 2, True), (32, 64, 1, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("sliding_window", [None, 21])
+@pytest.mark.parametrize("block_size, block_n, splits, fused", TMA_CASES)
+def test_decode_tma(block_size, block_n, splits, fused, sliding_window, dtype):
+    """``DecodeConfig.tma``: each cache block's K and V rows of a KV head by TMA (tensor
+    descriptors), over lengths that end inside a block and inside a tile, so a tile's last
+    blocks lie past the sequence (their table entries are random)."""
+    seqs = DECODE_SEQS + [(33, 1), (96, 1)]
+    batch = make_batch(seqs, 8, 2, 64, dtype, block_size=block_size)
+    scale = 64**-0.5
+    config = DecodeConfig(block_n, 4, 2, 8, fused_merge=fused, tma=True)
+    assert _tma_applies(batch.query, batch.key_cache, batch.value_cache, config, 1)
+    out = torch.empty_like(batch.query)
+    for _ in range(2):  # the fused merge's tickets are left at 0 for the next launch
+        _launch_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens,
+            batch.block_tables, scale, sliding_window, out, splits, config,
+        )  # fmt: skip
+        ref = paged_attention_ref(*batch.args(scale, sliding_window))
+        assert_close(out, ref, dtype, f"tma {block_size}/{block_n} x{splits} w{sliding_window}")
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_decode_ignores_stale_nan_past_the_sequence(tma):
+    """Cache rows past each sequence's length (in its last block, and whole blocks its table
+    names past it) hold NaN, as a freed block may after a request whose activations
+    overflowed: they must not reach any output (P @ V weighs them by 0, and 0 x NaN is NaN)."""
+    seqs = [(1, 1), (17, 1), (33, 1), (100, 1), (64, 1)]
+    batch = make_batch(seqs, 8, 2, 64, torch.float16)
+    scale = 64**-0.5
+    ref = paged_attention_ref(*batch.args(scale))
+    live = torch.zeros(batch.key_cache.shape[:2], dtype=torch.bool, device=DEVICE)
+    for i, (seq_len, _) in enumerate(seqs):
+        for pos in range(seq_len):
+            live[batch.block_tables[i, pos // 16], pos % 16] = True
+    for cache in (batch.key_cache, batch.value_cache):
+        cache[~live] = float("nan")
+    out = torch.empty_like(batch.query)
+    for splits in (1, 3):
+        config = DecodeConfig(32, 4, 2, 8, fused_merge=splits > 1, tma=tma)
+        _launch_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.seq_lens,
+            batch.block_tables, scale, None, out, splits, config,
+        )  # fmt: skip
+        assert_close(out, ref, torch.float16, f"tma {tma} x{splits}")
+
+
+def test_decode_tma_falls_back_where_it_does_not_apply():
+    """Head size 80 (padded to 128), two KV heads per program, a strided cache: the pointer
+    loads run instead, with the same result."""
+    batch = make_batch(DECODE_SEQS, 12, 3, 80, torch.float16)
+    scale = 80**-0.5
+    config = DecodeConfig(32, 4, 2, 8, tma=True)
+    assert not _tma_applies(batch.query, batch.key_cache, batch.value_cache, config, 1)
+    out = torch.empty_like(batch.query)
+    _launch_decode(
+        batch.query, batch.key_cache, batch.value_cache, batch.seq_lens, batch.block_tables,
+        scale, None, out, 3, config,
+    )  # fmt: skip
+    assert_close(out, paged_attention_ref(*batch.args(scale)), torch.float16, "head 80")
+    batch = make_batch(DECODE_SEQS, 8, 4, 64, torch.float16)
+    wide = torch.randn(*batch.key_cache.shape[:3], 128, dtype=torch.float16, device=DEVICE)
+    wide[..., :64] = batch.key_cache
+    key_cache = wide[..., :64]  # rows 256 bytes apart: not contiguous
+    out = torch.empty_like(batch.query)
+    for kv_heads, cache in ((2, batch.key_cache), (1, key_cache)):
+        config = DecodeConfig(32, 4, 2, 8, kv_heads=kv_heads, tma=True)
+        assert not _tma_applies(batch.query, cache, batch.value_cache, config, kv_heads)
+        _launch_decode(
+            batch.query, cache, batch.value_cache, batch.seq_lens, batch.block_tables,
+            64**-0.5, None, out, 2, config,
+        )  # fmt: skip
+        ref = paged_attention_ref(*batch.args(64**-0.5))
+        assert_close(out, ref, torch.float16, f"kv_heads {kv_heads}")
+
+
+# (tiles, splits, fused merge): the shipped TMA launches first (merge kernel, fused, unsplit)
+TMA_GPU_CASES = [
+    ((16, 1, 6), 32, False), ((16, 1, 6), 4, True), ((32, 1, 6), 1, False),
+    ((32, 4, 6), 2, True), ((64, 4, 3), 1, False), ((16, 4, 8), 16, False),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("tiles, splits, fused", TMA_GPU_CASES)
+def test_decode_tma_llama_heads_in_a_graph(tiles, splits, fused, dtype):
+    """The TMA form compiled at Llama-3-8B heads (sm_90+, the pointer loads elsewhere), eagerly
+    and replayed from a CUDA graph of two layers whose caches are rewritten after capture."""
+    seqs = [(1, 1), (17, 1), (2047, 1), (3001, 1), (512, 1), (90, 1)]
+    layers = [make_batch(seqs, 32, 8, 128, dtype) for _ in range(2)]
+    scale = 128**-0.5
+    config = DecodeConfig(*tiles, 4, fused_merge=fused, pdl=not fused, tma=True)
+    outs = [torch.empty_like(b.query) for b in layers]
+
+    def step():
+        for b, out in zip(layers, outs, strict=True):
+            _launch_decode(
+                b.query, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, scale, None,
+                out, splits, config,
+            )  # fmt: skip
+
+    def check(what):
+        for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
+            assert_close(out, paged_attention_ref(*b.args(scale)), dtype, f"{what}, layer {i}")
+
+    step()
+    torch.cuda.synchronize()
+    check(f"eager {tiles} x{splits}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for b, out in zip(layers, outs, strict=True):
+        out.zero_()
+        b.key_cache.copy_(torch.randn_like(b.key_cache))
+        b.value_cache.copy_(torch.randn_like(b.value_cache))
+    graph.replay()
+    check(f"graph {tiles} x{splits}")
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
