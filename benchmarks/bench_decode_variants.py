@@ -11,7 +11,9 @@ shipped decode config (``_pick_decode_config``) against the same with one field 
   capped at N (``maxnreg``);
 - with ``--tiles 16x4x8,...`` (BLOCK_N x warps x stages), those launch shapes instead;
 - with ``--tma`` as well as ``--tiles`` (sm_90+), each tile shape also with K/V by TMA
-  (``tma BxWxS`` beside ``tiles BxWxS``, which has the pointer loads);
+  (``tma BxWxS`` beside ``tiles BxWxS``, which has the pointer loads), and with ``--merge
+  1,2,...`` by TMA with each of those query heads per program of the merge kernel (``tma BxWxS
+  mH``; splits above 8 only);
 - ``--shapes 16x512,...`` (batch x context) in place of the default list, ``--splits 2,4`` the
   split counts to run each shape at (default: the launcher's own).
 
@@ -69,6 +71,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="batch x context list (default: SHAPES)")
     parser.add_argument("--splits", default="", help="split counts per shape (default: own)")
     parser.add_argument("--tma", action="store_true", help="K/V by TMA beside the pointer loads")
+    parser.add_argument("--merge", default="", help="merge kernel heads per program, a list")
     args = parser.parse_args()
     caps = [int(c) for c in args.caps.split(",") if c]
     # "pointer": the launch the shipped one replaced where K/V come by TMA (sm_90+)
@@ -83,6 +86,8 @@ def main() -> None:
             variants[f"tiles {tile}"] = change
             if args.tma:
                 variants[f"tma {tile}"] = {**change, "tma": True}
+            for heads in (int(h) for h in args.merge.split(",") if h):
+                variants[f"tma {tile} m{heads}"] = {**change, "tma": True, "merge_block_h": heads}
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
