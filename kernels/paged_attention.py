@@ -43,6 +43,9 @@ _LONG_SPLIT = 512
 # against 15.4 for 32; 16 x 512: 4 splits 13.6 against 15.2 for 2; twentieth session,
 # `bench_decode_splits.py`, BENCHMARKS.md).
 _LONG_SPLIT_TMA = 128
+# and up to 6 programs per SM: 12 x 8192 with 8 splits 102.6 us against 106.6 with 4, 24 x
+# 2048 with 4 56.1 against 57.5 (same run; 16 x 2048 with 8, 7.8 per SM, lost 0.5 us).
+_SPLIT_PROGRAMS_PER_SM_TMA = 6
 _MIN_SPLIT = 64
 _MAX_KV_SPLITS = 64
 
@@ -710,13 +713,13 @@ def default_num_kv_splits(
 
     Only decode-only steps on CUDA split. With P = sequences x KV heads programs unsplit, the
     count is the smallest power of two that makes more than 1.5 programs per SM, then doubled
-    while the programs stay at most 4 per SM and each split keeps 512 positions (128 where
-    the decode kernel reads K/V by TMA, ``tma_block`` from ``_tma_block``), and never so many
-    that a split gets fewer than 64 positions or more than 64 splits. On the H200 (132 SMs)
-    that gives 8, 32, 32 splits for one sequence of 512, 2048, 8192 positions (64 for 8192
-    with TMA); 4 for 8 sequences of 512 (was 2: 14.8 against 16.8 us); 2, 4, 4 for 16
-    sequences of 512, 2048, 8192 (4, 4, 4 with TMA); 2 for 24 sequences of 2048 (was 1: 65.2
-    against 85.7 us); none from 64 sequences.
+    while the programs stay at most 4 per SM and each split keeps 512 positions (6 per SM and
+    128 positions where the decode kernel reads K/V by TMA, ``tma_block`` from
+    ``_tma_block``), and never so many that a split gets fewer than 64 positions or more than
+    64 splits. On the H200 (132 SMs) that gives 8, 32, 32 splits for one sequence of 512,
+    2048, 8192 positions (64 for 8192 with TMA); 4 for 8 sequences of 512 (was 2: 14.8 against
+    16.8 us); 2, 4, 4 for 16 sequences of 512, 2048, 8192 (4, 4, 4 with TMA); 2 for 24
+    sequences of 2048 (was 1: 65.2 against 85.7 us; 4 with TMA); none from 64 sequences.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
@@ -724,12 +727,13 @@ def default_num_kv_splits(
     sms = num_sms(device)
     max_splits = max(1, min(max_seq_len // _MIN_SPLIT, _MAX_KV_SPLITS))
     long_split = _LONG_SPLIT_TMA if tma_block else _LONG_SPLIT
+    per_sm = _SPLIT_PROGRAMS_PER_SM_TMA if tma_block else _SPLIT_PROGRAMS_PER_SM
     splits = 1
     while 2 * splits <= max_splits and num_programs * splits <= _MIN_PROGRAMS_PER_SM * sms:
         splits *= 2
     while (
         2 * splits <= max_splits
-        and num_programs * 2 * splits <= _SPLIT_PROGRAMS_PER_SM * sms
+        and num_programs * 2 * splits <= per_sm * sms
         and max_seq_len // (2 * splits) >= long_split
     ):
         splits *= 2

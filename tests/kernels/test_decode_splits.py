@@ -22,15 +22,16 @@ H200_SPLITS = {
 }
 
 
-# The same where the decode kernel reads K/V by TMA: splits down to 128 positions.
+# The same where the decode kernel reads K/V by TMA: splits down to 128 positions, up to 6
+# programs per SM.
 H200_SPLITS_TMA = {
     1: [8, 16, 32, 32, 64],
     2: [8, 16, 16, 32, 32],
     4: [8, 8, 16, 16, 16],
     8: [4, 8, 8, 8, 8],
-    12: [4, 4, 4, 4, 4],
+    12: [4, 8, 8, 8, 8],
     16: [4, 4, 4, 4, 4],
-    24: [2, 2, 2, 2, 2],
+    24: [4, 4, 4, 4, 4],
     32: [2, 2, 2, 2, 2],
     64: [1, 1, 1, 1, 1],
 }
