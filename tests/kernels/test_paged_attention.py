@@ -294,9 +294,23 @@ def test_decode_tma_llama_heads_in_a_graph(tiles, splits, fused, dtype):
     """The TMA form compiled at Llama-3-8B heads (sm_90+, the pointer loads elsewhere), eagerly
     and replayed from a CUDA graph of two layers whose caches are rewritten after capture."""
     seqs = [(1, 1), (17, 1), (2047, 1), (3001, 1), (512, 1), (90, 1)]
+    config = DecodeConfig(*tiles, 4, fused_merge=fused, pdl=not fused, tma=True)
+    check_two_layers_in_a_graph(seqs, dtype, config, splits, f"{tiles} x{splits}", True)
+
+
+def check_two_layers_in_a_graph(
+    seqs: list[tuple[int, int]],
+    dtype: torch.dtype,
+    config: DecodeConfig,
+    splits: int,
+    what: str,
+    new_caches: bool = False,
+) -> None:
+    """Two decode layers (Llama-3-8B heads) launched with ``config`` back to back, checked
+    eagerly and then replayed from a CUDA graph of both (outputs zeroed, and with
+    ``new_caches`` the caches rewritten, after the capture)."""
     layers = [make_batch(seqs, 32, 8, 128, dtype) for _ in range(2)]
     scale = 128**-0.5
-    config = DecodeConfig(*tiles, 4, fused_merge=fused, pdl=not fused, tma=True)
     outs = [torch.empty_like(b.query) for b in layers]
 
     def step():
@@ -306,22 +320,24 @@ def test_decode_tma_llama_heads_in_a_graph(tiles, splits, fused, dtype):
                 out, splits, config,
             )  # fmt: skip
 
-    def check(what):
+    def check(when):
         for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
-            assert_close(out, paged_attention_ref(*b.args(scale)), dtype, f"{what}, layer {i}")
+            ref = paged_attention_ref(*b.args(scale))
+            assert_close(out, ref, dtype, f"{what} {when}, layer {i}")
 
     step()
     torch.cuda.synchronize()
-    check(f"eager {tiles} x{splits}")
+    check("eager")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
     for b, out in zip(layers, outs, strict=True):
         out.zero_()
-        b.key_cache.copy_(torch.randn_like(b.key_cache))
-        b.value_cache.copy_(torch.randn_like(b.value_cache))
+        if new_caches:
+            b.key_cache.copy_(torch.randn_like(b.key_cache))
+            b.value_cache.copy_(torch.randn_like(b.value_cache))
     graph.replay()
-    check(f"graph {tiles} x{splits}")
+    check("graph")
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 3])
@@ -411,29 +427,8 @@ def test_decode_merge_as_dependent_launch(splits):
     """The merge kernel launched as a programmatic dependent of the split kernel (sm_90+; a
     plain launch before that), eagerly and in a CUDA graph of two layers back to back."""
     seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
-    layers = [make_batch(seqs, 32, 8, 128, torch.bfloat16) for _ in range(2)]
-    scale = 128**-0.5
     config = DecodeConfig(32, 4, 6, 4, pdl=True)
-    outs = [torch.empty_like(b.query) for b in layers]
-
-    def step():
-        for b, out in zip(layers, outs, strict=True):
-            _launch_decode(
-                b.query, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, scale, None,
-                out, splits, config,
-            )  # fmt: skip
-
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for out in outs:
-        out.zero_()
-    graph.replay()
-    for i, (b, out) in enumerate(zip(layers, outs, strict=True)):
-        ref = paged_attention_ref(*b.args(scale))
-        assert_close(out, ref, torch.bfloat16, f"PDL merge x{splits}, layer {i}")
+    check_two_layers_in_a_graph(seqs, torch.bfloat16, config, splits, f"PDL merge x{splits}")
 
 
 @pytest.mark.gpu
