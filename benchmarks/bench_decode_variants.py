@@ -4,7 +4,9 @@ Shapes where issue 3's targets are tight (batch 1 at long context, batch 8-32 at
 shipped decode config (``_pick_decode_config``) against the same with one field changed:
 
 - ``pointer``: where the shipped launch reads K/V by TMA (sm_90+), the launch it replaced
-  (per-thread pointer loads, ``_pick_decode_config`` without a TMA block size);
+  (per-thread pointer loads, ``_pick_decode_config`` without a TMA block size, at the split
+  count of that rule unless ``--splits`` forces one; the table's splits column is the
+  shipped launch's);
 - ``wait``: the decode kernel launched as a programmatic dependent of the previous kernel
   (``wait=True``; sm_90+), so consecutive layers' launches overlap;
 - with ``--caps 64,96,...``, ``cap N`` instead: the decode kernel's registers per thread
@@ -112,15 +114,19 @@ def main() -> None:
                         torch.randn_like(v), enable_gqa=True) for _ in range(layers)]  # fmt: skip
         sdpa_graph, sdpa_layered = 1e3 * bench_graph_ms(sdpa[0]), bench_layers_us(sdpa)
         del sdpa, k, v
-        splits = forced or default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
-        shape = (device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, splits, batch)
-        shipped = _pick_decode_config(*shape, _tma_block(key_cache, value_cache))
-        pointer = _pick_decode_config(*shape, 0)
+        tma_block = _tma_block(key_cache, value_cache)
+        splits = forced or default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device, tma_block)
+        # the pointer loads at their own rule's count, unless forced
+        pointer_splits = forced or default_num_kv_splits(batch, NUM_KV_HEADS, 1, ctx, device)
+        shape = (device, DTYPE, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM)
+        shipped = _pick_decode_config(*shape, splits, batch, tma_block)
+        pointer = _pick_decode_config(*shape, pointer_splits, batch, 0)
         cells, layered_shipped = [], 0.0
         for name, change in variants.items():
             config = pointer if change is None else dataclasses.replace(shipped, **change)
             out = torch.empty_like(query)
-            args = (seq_lens, tables, SCALE, None, out, splits, config)
+            count = pointer_splits if change is None else splits
+            args = (seq_lens, tables, SCALE, None, out, count, config)
             _launch_decode(query, key_cache, value_cache, *args)
             diff = max_diff(out, ref)
             if diff > 0.02:

@@ -432,16 +432,17 @@ def test_decode_merge_as_dependent_launch(splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tiles, tma", [((32, 4, 6), False), ((16, 1, 6), True)])
 @pytest.mark.parametrize("splits, fused", [(1, False), (4, True), (16, False)])
-def test_decode_waits_as_dependent_launch(splits, fused):
+def test_decode_waits_as_dependent_launch(splits, fused, tiles, tma):
     """Decode kernels launched as programmatic dependents (``wait``; sm_90+, a plain launch
-    before that), each layer's query being the previous layer's output, so a kernel that
-    read before the previous one finished would see a stale query; eagerly and replayed
-    from a CUDA graph."""
+    before that), with pointer loads and by TMA, each layer's query being the previous
+    layer's output, so a kernel that read before the previous one finished would see a stale
+    query; eagerly and replayed from a CUDA graph."""
     seqs = [(1, 1), (4000, 1), (2047, 1), (300, 1)]
     layers = [make_batch(seqs, 32, 8, 128, torch.bfloat16) for _ in range(3)]
     scale = 128**-0.5
-    config = DecodeConfig(32, 4, 6, 4, fused_merge=fused, pdl=True, wait=True)
+    config = DecodeConfig(*tiles, 4, fused_merge=fused, pdl=True, wait=True, tma=tma)
     query = layers[0].query.clone()
     outs = [torch.empty_like(query) for _ in layers]
 
@@ -464,7 +465,7 @@ def test_decode_waits_as_dependent_launch(splits, fused):
 
     step()
     torch.cuda.synchronize()
-    check(f"eager x{splits}")
+    check(f"eager x{splits} tma {tma}")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -472,7 +473,7 @@ def test_decode_waits_as_dependent_launch(splits, fused):
         out.zero_()
     query.copy_(torch.randn_like(query))
     graph.replay()
-    check(f"graph x{splits}")
+    check(f"graph x{splits} tma {tma}")
 
 
 def test_no_tokens_with_sequences_returns_out_untouched():
