@@ -927,10 +927,10 @@ class DecodeConfig:
     (ptxas schedules differently under a cap; the INT4 mma kernel gained from it, this one
     did not at any cap from 40 to 168: BENCHMARKS.md, so off).
     ``tma`` (sm_90+, or the interpreter): each cache block's K and V rows of a KV head come by
-    the TMA engine, one box per block (tiles of 1, 2 or 4 whole blocks), masked in the scores
-    only, so rows of V past a sequence must hold finite values (the engine's caches start
-    zeroed); where it does not apply (several KV heads per program, a padded head size, a
-    cache that is not contiguous) the pointer loads run.
+    the TMA engine, one box per block (tiles of 1, 2 or 4 whole blocks), the rows past the
+    sequence filled with zeros by the engine, never read (``_tma_scores``); where it does not
+    apply (several KV heads per program, a padded head size, a cache that is not contiguous)
+    the pointer loads run.
     """
 
     block_n: int
