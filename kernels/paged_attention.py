@@ -996,22 +996,38 @@ def _pick_decode_config(
 
 
 def _tma_block(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int:
-    """The caches' block size where the default decode launch reads K/V by TMA (sm_90+,
-    16-bit, contiguous caches on 16-byte boundaries, blocks of 16 or 32 positions, a power-of-
-    two head size of at most 128), else 0."""
+    """The caches' block size where the default decode launch reads K/V by TMA (a GPU,
+    16-bit, blocks of 16 or 32 positions, a head size of at most 128, and ``_tma_caches_ok``),
+    else 0."""
     _, block_size, _, head_dim = key_cache.shape
     if (
-        key_cache.device.type != "cuda"
-        or torch.cuda.get_device_capability(key_cache.device)[0] < 9
-        or key_cache.dtype not in (torch.float16, torch.bfloat16)
-        or block_size not in (16, 32)
-        or head_dim not in (16, 32, 64, 128)
+        key_cache.device.type == "cuda"
+        and key_cache.dtype in (torch.float16, torch.bfloat16)
+        and block_size in (16, 32)
+        and head_dim <= 128
+        and _tma_caches_ok(key_cache, value_cache)
     ):
-        return 0
-    caches = (key_cache, value_cache)
-    if not all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in caches):
-        return 0
-    return block_size
+        return block_size
+    return 0
+
+
+def _tma_caches_ok(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether the decode kernel can read these caches by TMA: a GPU with a TMA engine
+    (sm_90+) or the interpreter, a power-of-two head size and block size of at least 16 (whole
+    mma operands), contiguous caches on 16-byte boundaries."""
+    _, block_size, _, head_dim = key_cache.shape
+    if (
+        key_cache.device.type == "cuda"
+        and torch.cuda.get_device_capability(key_cache.device)[0] < 9
+    ):
+        return False
+    return (
+        head_dim >= 16
+        and head_dim == _next_pow2(head_dim)
+        and block_size >= 16
+        and block_size == _next_pow2(block_size)
+        and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (key_cache, value_cache))
+    )
 
 
 def _launch_decode(
@@ -1109,24 +1125,15 @@ def _tma_applies(
     config: DecodeConfig,
     kv_heads: int,
 ) -> bool:
-    """Whether ``DecodeConfig.tma`` can run: one KV head per program, a power-of-two head
-    size and block size of at least 16 (whole mma operands), tiles of 1, 2 or 4 blocks,
-    contiguous caches on 16-byte boundaries, and a GPU with a TMA engine (sm_90+) or the
-    interpreter."""
-    _, block_size, _, head_dim = key_cache.shape
+    """Whether ``DecodeConfig.tma`` can run: one KV head per program, tiles of 1, 2 or 4
+    whole blocks, and ``_tma_caches_ok``."""
+    block_size = key_cache.shape[1]
     blocks = config.block_n // block_size
-    if query.device.type == "cuda":
-        if torch.cuda.get_device_capability(query.device)[0] < 9:
-            return False
     return (
         kv_heads == 1
-        and head_dim >= 16
-        and head_dim == _next_pow2(head_dim)
-        and block_size >= 16
-        and block_size == _next_pow2(block_size)
         and blocks in (1, 2, 4)
         and blocks * block_size == config.block_n
-        and all(c.is_contiguous() and c.data_ptr() % 16 == 0 for c in (key_cache, value_cache))
+        and _tma_caches_ok(key_cache, value_cache)
     )
 
 
