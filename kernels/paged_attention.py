@@ -979,7 +979,7 @@ def _pick_decode_config(
         if num_kv_splits > 1:
             return DecodeConfig(tma_block, 1, 6, fused_merge=True, tma=True)
         # Unsplit, more than 4 programs per SM (256 x 8 KV heads): the pointer loads below
-        # (256 x 8192 2137 us by TMA against 1925-1934 in earlier runs).
+        # (256 x 8192 2137 us by TMA against 1924-1934 in earlier runs).
         if num_seqs * num_kv_heads <= _SPLIT_PROGRAMS_PER_SM * num_sms(device):
             return DecodeConfig(32, 1, 6, tma=True)
     # Tuned on the H200 with Llama-3-8B heads (BENCHMARKS.md): split ranges are short, so keep
