@@ -38,14 +38,17 @@ _LOG2E = 1.4426950408889634
 _MIN_PROGRAMS_PER_SM = 1.5
 _SPLIT_PROGRAMS_PER_SM = 4
 _LONG_SPLIT = 512
-# With K/V by TMA a program's fixed cost is smaller, and on the H200 splits of 128-256
-# positions were faster wherever they kept <= 4 programs per SM (1 x 8192: 64 splits 14.1 us
-# against 15.4 for 32; 16 x 512: 4 splits 13.6 against 15.2 for 2; twentieth session,
-# `bench_decode_splits.py`, BENCHMARKS.md).
-_LONG_SPLIT_TMA = 128
-# and up to 6 programs per SM: 12 x 8192 with 8 splits 102.6 us against 106.6 with 4, 24 x
-# 2048 with 4 56.1 against 57.5 (same run; 16 x 2048 with 8, 7.8 per SM, lost 0.5 us).
+# With K/V by TMA a program's fixed cost is smaller, and on the H200 shorter splits were
+# faster wherever they kept few programs per SM (twentieth session, `bench_decode_splits.py`,
+# BENCHMARKS.md, us layered): 64 positions (1 x 8192: 64 splits 14.1 against 15.4 for 32; 16 x
+# 512: 4 splits 13.6 against 15.2 for 2; 4 x 1024: 16 splits 9.0 against 10.0 for 8; 8 x 512:
+# 8 splits 9.2 against 10.0 for 4, though 12 x 512 lost 0.4 us at 8) ...
+_LONG_SPLIT_TMA = 64
+# ... up to 6 programs per SM (12 x 8192 with 8 splits 102.6 against 106.6 with 4, 24 x 2048
+# with 4 56.1 against 57.5; 16 x 2048 with 8, 7.8 per SM, lost 0.5 us) ...
 _SPLIT_PROGRAMS_PER_SM_TMA = 6
+# ... and none shorter than 32 positions (1 x 512: 16 splits 5.3 against 6.3 for 8).
+_MIN_SPLIT_TMA = 32
 _MIN_SPLIT = 64
 _MAX_KV_SPLITS = 64
 
@@ -713,19 +716,20 @@ def default_num_kv_splits(
 
     Only decode-only steps on CUDA split. With P = sequences x KV heads programs unsplit, the
     count is the smallest power of two that makes more than 1.5 programs per SM, then doubled
-    while the programs stay at most 4 per SM and each split keeps 512 positions (6 per SM and
-    128 positions where the decode kernel reads K/V by TMA, ``tma_block`` from
-    ``_tma_block``), and never so many that a split gets fewer than 64 positions or more than
-    64 splits. On the H200 (132 SMs) that gives 8, 32, 32 splits for one sequence of 512,
-    2048, 8192 positions (64 for 8192 with TMA); 4 for 8 sequences of 512 (was 2: 14.8 against
-    16.8 us); 2, 4, 4 for 16 sequences of 512, 2048, 8192 (4, 4, 4 with TMA); 2 for 24
+    while the programs stay at most 4 per SM and each split keeps 512 positions, and never so
+    many that a split gets fewer than 64 positions or more than 64 splits; where the decode
+    kernel reads K/V by TMA (``tma_block`` from ``_tma_block``) 6 per SM, 64 positions and 32.
+    On the H200 (132 SMs) that gives 8, 32, 32 splits for one sequence of 512, 2048, 8192
+    positions (16, 32, 64 with TMA); 4 for 8 sequences of 512 (was 2: 14.8 against 16.8 us; 8
+    with TMA); 2, 4, 4 for 16 sequences of 512, 2048, 8192 (4, 4, 4 with TMA); 2 for 24
     sequences of 2048 (was 1: 65.2 against 85.7 us; 4 with TMA); none from 64 sequences.
     """
     if device.type != "cuda" or max_query_len > 1:
         return 1
     num_programs = num_seqs * num_kv_heads
     sms = num_sms(device)
-    max_splits = max(1, min(max_seq_len // _MIN_SPLIT, _MAX_KV_SPLITS))
+    min_split = _MIN_SPLIT_TMA if tma_block else _MIN_SPLIT
+    max_splits = max(1, min(max_seq_len // min_split, _MAX_KV_SPLITS))
     long_split = _LONG_SPLIT_TMA if tma_block else _LONG_SPLIT
     per_sm = _SPLIT_PROGRAMS_PER_SM_TMA if tma_block else _SPLIT_PROGRAMS_PER_SM
     splits = 1

@@ -22,14 +22,14 @@ H200_SPLITS = {
 }
 
 
-# The same where the decode kernel reads K/V by TMA: splits down to 128 positions, up to 6
-# programs per SM.
+# The same where the decode kernel reads K/V by TMA: doubled down to 64 positions per split
+# and up to 6 programs per SM, no split under 32 positions.
 H200_SPLITS_TMA = {
-    1: [8, 16, 32, 32, 64],
-    2: [8, 16, 16, 32, 32],
-    4: [8, 8, 16, 16, 16],
-    8: [4, 8, 8, 8, 8],
-    12: [4, 8, 8, 8, 8],
+    1: [16, 32, 32, 64, 64],
+    2: [16, 16, 32, 32, 32],
+    4: [8, 16, 16, 16, 16],
+    8: [8, 8, 8, 8, 8],
+    12: [8, 8, 8, 8, 8],
     16: [4, 4, 4, 4, 4],
     24: [4, 4, 4, 4, 4],
     32: [2, 2, 2, 2, 2],
