@@ -7,9 +7,10 @@ and finally one uniform draw per row picks a token by inverse CDF over the vocab
 order (on CUDA in two Triton launches, ``kernels.sampling``). Every filter is reduced to a
 per-row logit threshold computed from values only (never from the order of equal values), so a
 seeded row's sample depends on its own logits and its own generator, not on the rest of the
-batch. Full sorts are avoided where the host may wait for the GPU: top-p looks at the top 64
-logits, then the top 1024, and sorts only the rows those do not cover; under asynchronous
-scheduling (``wait_free``) it sorts the rows outright, as that check waits.
+batch. Full sorts are avoided: on CUDA top-p, min-p and top-k above 1024 are found by a
+threshold search in Triton that never waits for the GPU (``kernels.sampling_filters``); on the
+CPU top-p looks at the top 64 logits, then the top 1024, and sorts only the rows those do not
+cover.
 """
 
 from __future__ import annotations

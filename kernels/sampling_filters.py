@@ -31,13 +31,12 @@ the host.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from kernels.launch import FastLaunch
+from kernels.pdl import num_sms
 from kernels.scratch import zeroed_int32
 
 _SLICE = 4096  # logits per program
@@ -359,17 +358,12 @@ def _launch_shape(rows: int, vocab_size: int, device: torch.device) -> tuple[boo
     at a time."""
     if device.type != "cuda":
         return False, _SLICE  # the interpreter runs programs one after another
-    multiprocessors = _multiprocessors(device)
+    multiprocessors = num_sms(device)
     if rows * triton.cdiv(vocab_size, 1024) <= multiprocessors:
         return True, 1024
     if rows * triton.cdiv(vocab_size, 2048) <= 4 * multiprocessors:
         return True, 2048
     return False, _SLICE
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def filter_thresholds(
