@@ -16,6 +16,9 @@ shipped decode config (``_pick_decode_config``) against the same with one field 
   (``tma BxWxS`` beside ``tiles BxWxS``, which has the pointer loads), and with ``--merge
   1,2,...`` by TMA with each of those query heads per program of the merge kernel (``tma BxWxS
   mH``; splits above 8 only);
+- with ``--merges 1x32,2x0,...`` (query heads x columns per program of the merge kernel, 0:
+  all columns), the shipped config with those instead (``m HxD``), and the same launched as a
+  dependent (``wait m HxD``; splits above 8 only);
 - ``--shapes 16x512,...`` (batch x context) in place of the default list, ``--splits 2,4`` the
   split counts to run each shape at (default: the launcher's own).
 
@@ -74,6 +77,7 @@ def main() -> None:
     parser.add_argument("--splits", default="", help="split counts per shape (default: own)")
     parser.add_argument("--tma", action="store_true", help="K/V by TMA beside the pointer loads")
     parser.add_argument("--merge", default="", help="merge kernel heads per program, a list")
+    parser.add_argument("--merges", default="", help="merge kernel heads x columns, a list")
     args = parser.parse_args()
     caps = [int(c) for c in args.caps.split(",") if c]
     # "pointer": the launch the shipped one replaced where K/V come by TMA (sm_90+)
@@ -90,6 +94,13 @@ def main() -> None:
                 variants[f"tma {tile}"] = {**change, "tma": True}
             for heads in (int(h) for h in args.merge.split(",") if h):
                 variants[f"tma {tile} m{heads}"] = {**change, "tma": True, "merge_block_h": heads}
+    if args.merges:
+        variants = {"shipped": {}, "wait": {"wait": True}}
+        for merge in args.merges.split(","):
+            heads, cols = (int(v) for v in merge.split("x"))
+            change = {"merge_block_h": heads, "merge_block_d": cols}
+            variants[f"m {merge}"] = change
+            variants[f"wait m {merge}"] = {**change, "wait": True}
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

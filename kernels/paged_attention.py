@@ -463,14 +463,16 @@ def _merge_heads(
     stride_po_s,
     stride_pl_t,
     stride_pl_h,
+    d_start,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
-    # One token's heads: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max). Partials
-    # are read through L2 (.cg): they may have been written by other SMs during this launch.
+    # One token's heads, columns [d_start, d_start + BLOCK_D): out = sum_s 2^(lse_s - max) o_s
+    # / sum_s 2^(lse_s - max). Partials are read through L2 (.cg): they may have been written
+    # by other SMs during this launch.
     offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_d = d_start + tl.arange(0, BLOCK_D)
     hs_valid = h_valid[:, None] & (offs_s < num_splits)[None, :]
     lse_ptrs = part_lse_ptr + token * stride_pl_t + heads[:, None] * stride_pl_h + offs_s[None, :]
     lse = tl.load(lse_ptrs, mask=hs_valid, other=float("-inf"), cache_modifier=".cg")
@@ -647,7 +649,7 @@ def _paged_decode_kernel(
                     out_ptr, part_out_ptr, part_lse_ptr, row,
                     kv_group * (GROUP * KV_HEADS) + offs_h, offs_h < GROUP * KV_HEADS,
                     num_splits, stride_o_t, stride_o_h, stride_o_d,
-                    stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h,
+                    stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, 0,
                     SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
                 )  # fmt: skip
                 tl.store(ticket_ptr, 0)
@@ -678,14 +680,14 @@ def _merge_kv_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PDL: tl.constexpr,
     TRIGGER: tl.constexpr,
 ):
     if TRIGGER:  # a programmatic dependent (the next kernel) may be scheduled now
         tl.extra.cuda.gdc_launch_dependents()
-    # One token, BLOCK_H heads.
+    # One token, BLOCK_H heads, BLOCK_D of their columns.
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     if PDL:  # launched before the split kernel finished: wait for its partials
@@ -693,7 +695,7 @@ def _merge_kv_splits_kernel(
     _merge_heads(
         out_ptr, part_out_ptr, part_lse_ptr, token, heads, heads < num_heads, NUM_SPLITS,
         stride_o_t, stride_o_h, stride_o_d, stride_po_t, stride_po_h, stride_po_s,
-        stride_pl_t, stride_pl_h, SPLITS_PAD, HEAD_DIM, HEAD_DIM_PAD,
+        stride_pl_t, stride_pl_h, tl.program_id(2) * BLOCK_D, SPLITS_PAD, HEAD_DIM, BLOCK_D,
     )  # fmt: skip
 
 
@@ -915,7 +917,8 @@ def _launch(
 class DecodeConfig:
     """Launch shape of the decode-only kernel (benchmarks sweep these through _launch_decode).
 
-    ``merge_block_h``: query heads per program of the split merge kernel. ``kv_heads``: KV
+    ``merge_block_h``: query heads per program of the split merge kernel, ``merge_block_d``
+    their columns per program (0: all, else a power of two). ``kv_heads``: KV
     heads per program (must divide the cache's). ``fused_merge``: with splits, the last
     program of each (sequence, KV heads) merges them instead of a second launch. ``pdl``
     (CUDA, sm_90+): the merge kernel is launched as a programmatic dependent of the split
@@ -927,7 +930,8 @@ class DecodeConfig:
     ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
-    by default for the same reason. ``maxnreg`` (CUDA): registers per thread capped at that
+    by default for the same reason, except for split launches by TMA (one-warp programs),
+    where it gained. ``maxnreg`` (CUDA): registers per thread capped at that
     (ptxas schedules differently under a cap; the INT4 mma kernel gained from it, this one
     did not at any cap from 40 to 168: BENCHMARKS.md, so off).
     ``tma`` (sm_90+, or the interpreter): each cache block's K and V rows of a KV head come by
@@ -941,6 +945,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     merge_block_h: int = 1
+    merge_block_d: int = 0
     kv_heads: int = 1
     fused_merge: bool = False
     pdl: bool = False
@@ -970,16 +975,31 @@ def _pick_decode_config(
         return DecodeConfig(128, 4, 3)
     # Merge one KV head's query heads per program while the partials stay ~64 fp32 per thread;
     # on sm_90+ the merge launch overlaps the split kernel's tail (PDL).
-    merge_block_h = 16384 // (_next_pow2(num_kv_splits) * head_dim_pad)
+    splits_pad = _next_pow2(num_kv_splits)
+    merge_block_h = 16384 // (splits_pad * head_dim_pad)
     merge_block_h = max(1, min(_next_pow2(num_heads // num_kv_heads), merge_block_h))
+    # Past 8192 partial values per program (32 or more splits), slice the columns down to
+    # ~4096: the merge's programs each pull their partials from L2 at one SM's rate, so more
+    # and smaller ones finish sooner (H200, 1 x 8192 at 64 splits, layered: 13.0 us against
+    # 13.6 with the columns whole; 32 splits within 0.3; BENCHMARKS.md).
+    merge_block_d = 0
+    if merge_block_h * splits_pad * head_dim_pad > 8192:
+        merge_block_d = max(16, min(head_dim_pad, 4096 // (merge_block_h * splits_pad)))
     if tma_block:
         # K/V by TMA, one-warp programs (the warp only does the math), 6 tiles in flight: one
         # cache block per tile when split, 32 positions unsplit. On the H200 with Llama-3-8B
         # heads, layered us: 1 x 8192 14.5 against 16.0 with the pointer loads below, 16 x 512
         # 14.3 against 15.4, 32 x 512 22.2 against 27.3, 64 x 2048 131.3 against 137.3
-        # (twentieth session, BENCHMARKS.md).
+        # (twentieth session, BENCHMARKS.md). Launches with the merge kernel wait as
+        # programmatic dependents of the kernel before them: 0.4-0.7 us less per layered call
+        # (1 x 2048, 1 x 8192); with the fused merge the same gain in the harness did not hold
+        # in an 8B model's decode step (batch 32: 10-20 us slower per step), and unsplit
+        # launches lost 3.7-6.0 us per call (twenty-first session).
         if num_kv_splits > _MAX_FUSED_SPLITS:
-            return DecodeConfig(tma_block, 1, 6, merge_block_h, pdl=has_pdl(device), tma=True)
+            return DecodeConfig(
+                tma_block, 1, 6, merge_block_h, merge_block_d, pdl=has_pdl(device),
+                wait=chain_launch(device), tma=True,
+            )  # fmt: skip
         if num_kv_splits > 1:
             return DecodeConfig(tma_block, 1, 6, fused_merge=True, tma=True)
         # Unsplit, more than 4 programs per SM (256 x 8 KV heads): the pointer loads below
@@ -996,7 +1016,7 @@ def _pick_decode_config(
         # warps; with 2 splits, or 64 pairs, 4 warps stayed faster; BENCHMARKS.md).
         warps = 1 if num_seqs * num_kv_heads >= 128 and num_kv_splits >= 4 else 4
         return DecodeConfig(32, warps, 6, fused_merge=True)
-    return DecodeConfig(32, 4, 6, merge_block_h, pdl=has_pdl(device))
+    return DecodeConfig(32, 4, 6, merge_block_h, merge_block_d, pdl=has_pdl(device))
 
 
 def _tma_block(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int:
@@ -1118,7 +1138,10 @@ def _launch_decode(
         **options,
     )  # fmt: skip
     if is_split and not is_fused:
-        _merge(out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl)
+        _merge(
+            out, part_out, part_lse, num_kv_splits, config.merge_block_h, pdl,
+            config.merge_block_d,
+        )  # fmt: skip
     return out
 
 
@@ -1148,17 +1171,21 @@ def _merge(
     num_kv_splits: int,
     block_h: int,
     pdl: bool = False,
+    block_d: int = 0,
 ) -> None:
+    """Merge the splits' partials into ``out``: a program per token, ``block_h`` heads and
+    ``block_d`` columns (0: all)."""
     num_tokens, num_heads, head_dim = out.shape
     block_h = min(block_h, _next_pow2(num_heads))
-    grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    block_d = min(block_d or part_out.shape[-1], part_out.shape[-1])
+    grid = (num_tokens, triton.cdiv(num_heads, block_h), part_out.shape[-1] // block_d)
     launch = {"launch_pdl": True} if pdl else {}  # a launch option of CUDA builds only
     _MERGE[grid](
         out, part_out, part_lse, num_heads, *out.stride(),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         NUM_SPLITS=num_kv_splits, SPLITS_PAD=_next_pow2(num_kv_splits),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=part_out.shape[-1], BLOCK_H=block_h, PDL=pdl,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_H=block_h, PDL=pdl,
         TRIGGER=has_pdl(out.device), **launch,
     )  # fmt: skip
 

@@ -7,7 +7,8 @@ soon as all of its own programs have started; for a kernel whose successor is no
 programmatic dependent, the call does nothing.
 
 The per-layer kernels (``chain_launch``: norms, rotary, cache writes, activation, and the
-decode attention kernel when its grid is one wave) are such dependents: each waits on entry and
+decode attention kernel when its grid is one wave or, reading K/V by TMA, when its splits go
+to the merge kernel) are such dependents: each waits on entry and
 only then lets its own dependent launch, so the launches of a decode step overlap the kernel
 before them while at most one grid at a time waits early (the register mma INT4 kernels let
 theirs launch on entry, the swapped kernel's weights-first form after its main loop; what
@@ -68,7 +69,8 @@ def _chain_enabled() -> bool:
 
 def chain_launch(device: torch.device) -> bool:
     """Whether the per-layer kernels (norms, rotary, cache writes, activation, and the decode
-    attention kernel where its grid fits one wave) are launched as programmatic dependents:
+    attention kernel where its grid fits one wave or its TMA splits go to the merge kernel)
+    are launched as programmatic dependents:
     each waits for the previous kernel on entry and only then lets its own dependent launch,
     so every launch overlaps the kernel before it and no more than one grid waits early. On
     sm_90+, unless ``TIDAL_PDL_CHAIN=0`` (read once per process). On the H200 this took an

@@ -15,7 +15,9 @@ if not torch.cuda.is_available():
 from kernels.paged_attention import (  # noqa: E402
     DecodeConfig,
     _launch_decode,
+    _pick_decode_config,
     _tma_applies,
+    _tma_block,
     paged_attention,
     paged_attention_ref,
 )
@@ -298,6 +300,21 @@ def test_decode_tma_llama_heads_in_a_graph(tiles, splits, fused, dtype):
     check_two_layers_in_a_graph(seqs, dtype, config, splits, f"{tiles} x{splits}", True)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [16, 32, 64])
+def test_decode_default_split_launch_in_a_graph(splits):
+    """The launch ``paged_attention`` picks at Llama-3-8B heads with the merge kernel (by TMA
+    on sm_90+: a dependent launch that waits, the merge's columns sliced past 32 splits),
+    eagerly and from a CUDA graph of two layers."""
+    seqs = [(1, 1), (17, 1), (2047, 1), (3001, 1), (512, 1), (90, 1)]
+    probe = make_batch(seqs[:1], 32, 8, 128, torch.bfloat16)
+    config = _pick_decode_config(
+        probe.query.device, torch.bfloat16, 32, 8, 128, splits, len(seqs),
+        _tma_block(probe.key_cache, probe.value_cache),
+    )  # fmt: skip
+    check_two_layers_in_a_graph(seqs, torch.bfloat16, config, splits, f"{config} x{splits}", True)
+
+
 def check_two_layers_in_a_graph(
     seqs: list[tuple[int, int]],
     dtype: torch.dtype,
@@ -347,18 +364,22 @@ def test_decode_sliding_window(num_kv_splits):
                             sliding_window=21, num_kv_splits=num_kv_splits)  # fmt: skip
 
 
-@pytest.mark.parametrize("merge_block_h", [1, 2, 8])
-def test_decode_merge_widths(merge_block_h):
-    """The split merge with one, some and all query heads of a token per program."""
-    batch = make_batch(DECODE_SEQS, 8, 2, 64, torch.float16)
-    scale = 64**-0.5
+@pytest.mark.parametrize(
+    "merge_block_h, merge_block_d, head_size",
+    [(1, 0, 64), (2, 0, 64), (8, 0, 64), (1, 16, 80), (2, 32, 64), (4, 64, 80)],
+)
+def test_decode_merge_widths(merge_block_h, merge_block_d, head_size):
+    """The split merge with one, some and all query heads of a token per program, and with
+    all or a slice of their columns (a padded head size's last slices past its columns)."""
+    batch = make_batch(DECODE_SEQS, 8, 2, head_size, torch.float16)
+    scale = head_size**-0.5
     out = torch.empty_like(batch.query)
     _launch_decode(
         batch.query, batch.key_cache, batch.value_cache, batch.seq_lens, batch.block_tables,
-        scale, None, out, 3, DecodeConfig(16, 4, 1, merge_block_h),
+        scale, None, out, 3, DecodeConfig(16, 4, 1, merge_block_h, merge_block_d),
     )  # fmt: skip
     ref = paged_attention_ref(*batch.args(scale))
-    assert_close(out, ref, torch.float16, f"merge_block_h {merge_block_h}")
+    assert_close(out, ref, torch.float16, f"merge {merge_block_h} heads x {merge_block_d}")
 
 
 # (kv_heads per program, fused merge, splits): two and four KV heads per program (8 query
