@@ -930,8 +930,8 @@ class DecodeConfig:
     ``whole_tiles``: tiles wholly below the sequence's length run in a loop of their own
     without predicated loads or masks, the partial last tile in a second loop (measured
     slower on the H200, 1-2 us per call: BENCHMARKS.md, so off by default). ``wait`` is off
-    by default for the same reason, except for split launches by TMA (one-warp programs),
-    where it gained. ``maxnreg`` (CUDA): registers per thread capped at that
+    by default for the same reason, except for TMA launches whose splits go to the merge
+    kernel, where it gained. ``maxnreg`` (CUDA): registers per thread capped at that
     (ptxas schedules differently under a cap; the INT4 mma kernel gained from it, this one
     did not at any cap from 40 to 168: BENCHMARKS.md, so off).
     ``tma`` (sm_90+, or the interpreter): each cache block's K and V rows of a KV head come by
@@ -953,6 +953,11 @@ class DecodeConfig:
     whole_tiles: bool = False
     maxnreg: int | None = None
     tma: bool = False
+
+    def __post_init__(self) -> None:
+        # a slice must divide the padded head size, a power of two
+        if self.merge_block_d and self.merge_block_d != _next_pow2(self.merge_block_d):
+            raise ValueError(f"merge_block_d must be 0 or a power of two, got {self.merge_block_d}")
 
 
 # The fused merge holds [query heads of a program, splits, head_dim] fp32 partials in

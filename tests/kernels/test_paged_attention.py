@@ -382,6 +382,11 @@ def test_decode_merge_widths(merge_block_h, merge_block_d, head_size):
     assert_close(out, ref, torch.float16, f"merge {merge_block_h} heads x {merge_block_d}")
 
 
+def test_decode_merge_refuses_a_slice_that_is_not_a_power_of_two():
+    with pytest.raises(ValueError, match="merge_block_d must be 0 or a power of two, got 24"):
+        DecodeConfig(16, 4, 1, 2, 24)
+
+
 # (kv_heads per program, fused merge, splits): two and four KV heads per program (8 query
 # heads of a group of 2, 8 of a group of 4), the merge fused into the last split to finish.
 DECODE_VARIANTS = [(2, False, 1), (2, False, 3), (1, True, 3), (2, True, 8), (4, True, 2)]
