@@ -46,6 +46,7 @@ LAUNCHES = {
     "plain": dict(pdl=False),
     "pdl": dict(pdl=True),
     "first": dict(pdl=True, weights_first=True),
+    "all": dict(pdl=True, weights_first=True, l2_all=True),  # and its whole share into L2
 }
 
 
@@ -60,6 +61,7 @@ def candidates(
     row_warps: tuple[int, ...] = (1,),
     maxnreg: tuple[int, ...] = (0,),
     scaled: tuple[bool, ...] = (False,),
+    depths: tuple[int, ...] = (1, 2),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, each of the launches in ``pdl`` (``LAUNCHES``' values), each
@@ -73,7 +75,7 @@ def candidates(
     # the axes both lists share: words in flight, launch, row tiles per warp, register cap
     common = [
         dict(depth=d, row_tiles=r, maxnreg=mr or None, **p)
-        for d in (1, 2)
+        for d in depths
         for p in pdl
         for r in row_tiles
         for mr in maxnreg
@@ -153,6 +155,14 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
             for t, _, c in results:
                 best.setdefault(c["scaled"], t)
             print("  best per scaled: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))
+        if len(space.get("pdl", ())) > 1:
+            best = {}
+            for t, _, c in results:  # sorted: the first of each is its best
+                name = next(k for k, v in LAUNCHES.items()
+                            if all(c.get(a, False) == v.get(a, False)
+                                   for a in ("pdl", "weights_first", "l2_all")))  # fmt: skip
+                best.setdefault(name, t)
+            print("  best per launch: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         if len(row_warps) > 1:
             best = {}
             for t, _, c in results:  # sorted: the first of each is its best
@@ -205,7 +215,8 @@ def main() -> None:
     parser.add_argument(
         "--launch",
         default="plain,pdl",
-        help="launches to try: plain, pdl, first (pdl, weights_first)",
+        help="launches to try: plain, pdl, first (pdl, weights_first), all (first, and the "
+        "program's whole share of the weight prefetched into L2 before the wait)",
     )
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
@@ -213,6 +224,7 @@ def main() -> None:
     parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
     parser.add_argument("--maxnreg", default="0", help="register caps to try (0: none)")
     parser.add_argument("--scaled", default="0", help="--x-smem: 0 ones-mma, 1 scaled decode, 0,1")
+    parser.add_argument("--depths", default="1,2", help="tiles of words in flight to try")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
@@ -224,6 +236,7 @@ def main() -> None:
         row_warps=ints(args.row_warps),
         maxnreg=ints(args.maxnreg),
         scaled=tuple(bool(v) for v in ints(args.scaled)),
+        depths=ints(args.depths),
     )
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -250,6 +263,8 @@ def main() -> None:
         c += "scaled decode, " if cfg.get("scaled") else ""
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
+        c += ", weights first" if cfg.get("weights_first") else ""
+        c += ", whole share into L2" if cfg.get("l2_all") else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "
               f"{tb / tm:.2f}x | {worst:.1e} | {c} |")  # fmt: skip
 
