@@ -46,7 +46,6 @@ LAUNCHES = {
     "plain": dict(pdl=False),
     "pdl": dict(pdl=True),
     "first": dict(pdl=True, weights_first=True),
-    "all": dict(pdl=True, weights_first=True, l2_all=True),  # and its whole share into L2
 }
 
 
@@ -160,7 +159,7 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
             for t, _, c in results:  # sorted: the first of each is its best
                 name = next(k for k, v in LAUNCHES.items()
                             if all(c.get(a, False) == v.get(a, False)
-                                   for a in ("pdl", "weights_first", "l2_all")))  # fmt: skip
+                                   for a in ("pdl", "weights_first")))  # fmt: skip
                 best.setdefault(name, t)
             print("  best per launch: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
         if len(row_warps) > 1:
@@ -215,8 +214,7 @@ def main() -> None:
     parser.add_argument(
         "--launch",
         default="plain,pdl",
-        help="launches to try: plain, pdl, first (pdl, weights_first), all (first, and the "
-        "program's whole share of the weight prefetched into L2 before the wait)",
+        help="launches to try: plain, pdl, first (pdl, weights_first)",
     )
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
@@ -264,7 +262,6 @@ def main() -> None:
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         c += ", weights first" if cfg.get("weights_first") else ""
-        c += ", whole share into L2" if cfg.get("l2_all") else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "
               f"{tb / tm:.2f}x | {worst:.1e} | {c} |")  # fmt: skip
 

@@ -203,55 +203,6 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
-def _prefetch_split_l2(qw_ptr, s_ptr, o_ptr, off_n, N, split_tile0, tiles_per_split,
-                       tiles_total, stride_qw_n, stride_s_g, ROWS: gl.constexpr,
-                       GROUP_TILES: gl.constexpr, APPLY: gl.constexpr,
-                       num_warps: gl.constexpr):  # fmt: skip
-    """``L2_ALL``: bring all of this program's words, scales and offsets (its ROWS weight rows
-    over its split's K tiles) into L2, one bulk prefetch (``cp.async.bulk.prefetch.L2``) per
-    row of words and per group row of scales and of offsets, spread over the threads. A
-    prefetch reads nothing into the program and L2 is where every write lands, so it may run
-    before ``gdc_wait``; issued on entry, it lets a program that became resident while the
-    previous kernel runs stream its whole weight in meanwhile. The launcher checks that every
-    row starts 16-byte aligned and spans a multiple of 16 bytes (``_l2_all_ok``)."""
-    NT: gl.constexpr = 32 * num_warps
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    tiles = gl.minimum(tiles_per_split, tiles_total - split_tile0)
-    if APPLY == 0:  # per channel: one row of scales
-        g0 = split_tile0 * 0
-        groups = 1
-    else:
-        g0 = split_tile0 // GROUP_TILES
-        groups = (split_tile0 + tiles - 1) // GROUP_TILES - g0 + 1
-    rows = gl.minimum(N - off_n, ROWS)
-    s_bytes: gl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
-    i0 = gl.arange(0, NT, layout=layout)
-    zero = gl.zeros([NT], gl.int64, layout=layout)
-    q_base = (qw_ptr + zero).to(gl.int64, bitcast=True)
-    s_base = (s_ptr + zero).to(gl.int64, bitcast=True)
-    o_base = (o_ptr + zero).to(gl.int64, bitcast=True)
-    items = rows + 2 * groups
-    for r in range(0, gl.cdiv(items, NT)):
-        i = i0 + r * NT
-        is_q = i < rows
-        g = g0 + gl.where(i - rows < groups, i - rows, i - rows - groups)
-        q_addr = q_base + ((off_n + i).to(gl.int64) * stride_qw_n + split_tile0 * 16) * 4
-        s_off = (g.to(gl.int64) * stride_s_g + off_n) * s_bytes
-        addr = gl.where(is_q, q_addr, gl.where(i - rows < groups, s_base, o_base) + s_off)
-        nbytes = gl.where(is_q, tiles * 64, rows * s_bytes)
-        nbytes = gl.where(i < items, nbytes, 0)
-        gl.inline_asm_elementwise(
-            asm="{\n.reg .pred p;\nsetp.ne.s32 p, $2, 0;\n"
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2;\nmov.u32 $0, 0;\n}",
-            constraints="=r,l,r",
-            args=[addr, nbytes],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
-@gluon.jit
 def _wait_after_words(PDL: gl.constexpr):
     """With PDL 2 (``weights_first``) the program has issued its first tiles' words (and
     scales) and now waits for the previous kernel before it reads x or touches the output or
@@ -315,7 +266,6 @@ def _int4_mma_kernel(
     x_layout: gl.constexpr,  # of x's tile [BLOCK_M, 4, 32] (``_x_tile_layout``)
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: 1 no split-K reduction, 2 neither math
-    L2_ALL: gl.constexpr = False,  # with PDL 2: the program's whole weight into L2 first
 ):
     # Rows of the logical [16 * num_warps * ROW_TILES, K tile] operand: warp w holds the row
     # tiles 16 (num_warps j + w) .. + 15, j < ROW_TILES (the mma layout's repetition), and
@@ -336,11 +286,6 @@ def _int4_mma_kernel(
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
 
     pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
-    if L2_ALL:
-        if pid < gl.cdiv(N, ROWS):  # the first row block of x's: one program per weight row
-            _prefetch_split_l2(qw_ptr, s_ptr, o_ptr, off_n, N, split_tile0, tiles_per_split,
-                               tiles_total, stride_qw_n, stride_s_g, ROWS, GROUP_TILES, APPLY,
-                               num_warps)  # fmt: skip
 
     # words: row r of the operand and its first K tile (``_operand_rows``)
     r = gl.arange(0, TILE_ROWS, layout=gl.SliceLayout(1, q_layout))
@@ -520,7 +465,6 @@ def _int4_mma_xs_kernel(
     q_layout: gl.constexpr,  # of the words [K groups, ROWS, 16] (``_frag_words3``)
     x_layout: gl.constexpr,  # of x's copy [K groups, BLOCK_M, 128], 16 bytes per thread
     num_warps: gl.constexpr,
-    L2_ALL: gl.constexpr = False,  # with PDL 2: the program's whole weight into L2 first
 ):
     """The warps-over-K form (``wsplit``) of ``_int4_mma_kernel`` as a batched mma whose batch
     is the warp: warp w multiplies the program's 16 ROW_TILES rows over its own K range by x's
@@ -551,11 +495,6 @@ def _int4_mma_xs_kernel(
     acc_rows: gl.constexpr = gl.SliceLayout(2, mma_layout)
 
     pid, pid_k, off_n, off_m, split_tile0 = _program_tile(N, tiles_per_split, ROWS, BLOCK_M, PDL)
-    if L2_ALL:
-        if pid < gl.cdiv(N, ROWS):  # the first row block of x's: one program per weight row
-            _prefetch_split_l2(qw_ptr, s_ptr, o_ptr, off_n, N, split_tile0, tiles_per_split,
-                               tiles_total, stride_qw_n, stride_s_g, ROWS, GROUP_TILES, APPLY,
-                               num_warps)  # fmt: skip
 
     # words [K group, row, word]: weight row off_n + row over group w's K range
     qw = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, q_layout)))
@@ -777,26 +716,6 @@ def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
     return Int4MmaWeight(words, weight.scales, weight.offsets, g, contiguous_x)
 
 
-def _l2_all_ok(weight: Int4MmaWeight) -> bool:
-    """Whether ``_prefetch_split_l2``'s bulk prefetches apply to ``weight``: every row of
-    words and every group row of scales and offsets a program prefetches starts 16-byte
-    aligned and spans a multiple of 16 bytes (rows of words are whole 64-byte K tiles; a
-    program's scale rows start at a multiple of 16 rows, so N must be a multiple of 8 for
-    16-bit scales, of 4 for fp32)."""
-    s, o, q = weight.scales, weight.offsets, weight.qweight
-    per = 16 // s.element_size()
-    return (
-        q.data_ptr() % 16 == 0
-        and q.stride(0) % 4 == 0
-        and q.stride(1) == 1
-        and all(t.data_ptr() % 16 == 0 and t.stride(0) % per == 0 for t in (s, o))
-        and s.stride(-1) == 1
-        and o.stride(-1) == 1
-        and weight.out_features % per == 0
-        and s.dtype == o.dtype
-    )
-
-
 def int4_mma_ok(x: torch.Tensor) -> bool:
     """Whether ``int4_mma`` can run on x: CUDA sm_80+ (``mma.sync``), 16-bit x (the
     capability looked up once per device: the table's launcher asks on every call)."""
@@ -824,7 +743,6 @@ def int4_mma(
     scaled: bool = False,
     slots: bool = True,
     parts: int = 0,
-    l2_all: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16) on the register mma kernel;
     [M, N] in x's dtype.
@@ -850,10 +768,7 @@ def int4_mma(
     ``x_smem``): the decode applies each tile's scale and offset, rounding the weights once to
     x's dtype, instead of a second mma on ones for x's group sums. ``parts`` (measurement only)
     leaves part of the work out: 1 the split-K reduction (each split stores its partial over the
-    others'), 2 the math as well (the words are loaded and summed). ``l2_all`` (with
-    ``weights_first``): each program first prefetches its whole share of the weight (words,
-    scales, offsets) into L2, before it waits on the previous kernel (``_prefetch_split_l2``;
-    ignored where a row would not be 16-byte aligned, ``_l2_all_ok``). Check ``int4_mma_ok``
+    others'), 2 the math as well (the words are loaded and summed). Check ``int4_mma_ok``
     first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
@@ -894,7 +809,6 @@ def int4_mma(
     num_tiles = -(-m // block_m) * -(-n // rows)
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
     pdl = (2 if weights_first else 1) if pdl and has_pdl(x.device) else 0
-    l2_all = bool(l2_all and pdl == 2 and _l2_all_ok(weight))
     # scales apply once per group where every warp's K range starts on a group boundary,
     # else after every tile; per channel once at the end
     group_tiles = g // FRAG_TILE_K
@@ -916,20 +830,19 @@ def int4_mma(
         common["maxnreg"] = maxnreg
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
-               num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype, l2_all)  # fmt: skip
+               num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype)  # fmt: skip
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
-            SCALED=scaled, L2_ALL=l2_all,
+            SCALED=scaled,
             q_layout=_frag_words3(rows, num_warps, row_warps),
             x_layout=_x_copy_layout(num_warps, row_warps), **common,
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
                weight.contiguous_x, num_warps, maxnreg, x.dtype, weight.scales.dtype,
-               parts, l2_all)  # fmt: skip
+               parts)  # fmt: skip
         _MMA_LAUNCH(
             (num_tiles, num_splits), key, *args, WSPLIT=wsplit, X_CONTIG=weight.contiguous_x,
-            L2_ALL=l2_all,
             q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
             x_layout=_x_tile_layout(block_m, num_warps), PARTS=parts, **common,
         )  # fmt: skip
