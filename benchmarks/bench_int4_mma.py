@@ -10,6 +10,8 @@ that exceed L2, median time per call).
         --launch pdl --rows 8,16,32
     python3 benchmarks/bench_int4_mma.py --frag --x-smem --launch pdl,first --rows 1,8,16
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
+    python3 benchmarks/bench_int4_mma.py --frag --x-smem --launch first --tiled 0,1 --rows 1,8
+        # words in tile_order (each 16 rows x 128 K one 1 KB run) against row-major
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
 split stores its partial over the others': ``int4_mma(..., parts=1)``) and without its math
@@ -126,7 +128,9 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
     ``candidates`` takes them."""
     row_tiles, row_warps = space.get("row_tiles", (1,)), space.get("row_warps", (1,))
     peers = Peers(k, n, with_torch=False)
-    mma = [to_mma(w, contiguous_x=not frag) for w in peers.int4]
+    tiled_axis = space.pop("tiled", (False,))
+    forms = {t: [to_mma(w, contiguous_x=not frag, tiled=t) for w in peers.int4]
+             for t in tiled_axis}  # fmt: skip
     ref_w = peers.int4[0]
     summary = []
     for m in rows:
@@ -135,11 +139,14 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = candidates(m, frag, **space)
+        cands = [dict(c, tiled=t) for c in candidates(m, frag, **space) for t in tiled_axis]
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
-            out = int4_mma(x, mma[0], **cfg).float()
+            call = {a: v for a, v in cfg.items() if a != "tiled"}
+            mma = forms[cfg["tiled"]]
+            out = int4_mma(x, mma[0], **call).float()
             err = ((out - ref).norm() / ref.norm()).item()
-            t = graph_time_us(lambda i, c=cfg, x=x: int4_mma(x, mma[i], **c), peers.num_int4)
+            t = graph_time_us(lambda i, c=call, x=x, w=mma: int4_mma(x, w[i], **c),
+                              peers.num_int4)  # fmt: skip
             results.append((t, err, cfg))
         results.sort(key=lambda r: r[0])
         print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us "
@@ -154,6 +161,13 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
             for t, _, c in results:
                 best.setdefault(c["scaled"], t)
             print("  best per scaled: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))
+        if len(tiled_axis) > 1:
+            best = {}
+            for t, _, c in results:
+                best.setdefault(c["tiled"], t)
+            print(
+                "  best per tile order: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items())
+            )
         if len(space.get("pdl", ())) > 1:
             best = {}
             for t, _, c in results:  # sorted: the first of each is its best
@@ -223,6 +237,7 @@ def main() -> None:
     parser.add_argument("--maxnreg", default="0", help="register caps to try (0: none)")
     parser.add_argument("--scaled", default="0", help="--x-smem: 0 ones-mma, 1 scaled decode, 0,1")
     parser.add_argument("--depths", default="1,2", help="tiles of words in flight to try")
+    parser.add_argument("--tiled", default="0", help="words in tile_order: 0, 1 or 0,1")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
@@ -235,6 +250,7 @@ def main() -> None:
         maxnreg=ints(args.maxnreg),
         scaled=tuple(bool(v) for v in ints(args.scaled)),
         depths=ints(args.depths),
+        tiled=tuple(bool(v) for v in ints(args.tiled)),
     )
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -262,6 +278,7 @@ def main() -> None:
         c += f"split {cfg['split_k']}, depth {cfg['depth']}"
         c += ", pdl" if cfg["pdl"] else ""
         c += ", weights first" if cfg.get("weights_first") else ""
+        c += ", tile order" if cfg.get("tiled") else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "
               f"{tb / tm:.2f}x | {worst:.1e} | {c} |")  # fmt: skip
 

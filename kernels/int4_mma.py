@@ -122,12 +122,24 @@ def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
 
 
 @gluon.jit
-def _load_words(row_ptrs, tile0, tiles_total, kt):
+def _load_words(row_ptrs, tile0, tiles_total, kt, TILED: gl.constexpr = False):
     """The words of K tile tile0 + kt (16 per row) of the rows at ``row_ptrs`` ([..., R, 16]:
     their first word, plus the word index; tile0 [..., R, 1], a K tile per row), in their
-    layout; none past K."""
+    layout; none past K. ``TILED``: the words are in ``tile_order`` (``_row_words``), each
+    16-row tile 256 words on from the last."""
     tile = tile0 + kt
-    return gl.load(row_ptrs + tile * 16, mask=tile < tiles_total, other=0)
+    return gl.load(row_ptrs + tile * (256 if TILED else 16), mask=tile < tiles_total, other=0)
+
+
+@gluon.jit
+def _row_words(rows, stride_qw_n, TILED: gl.constexpr):
+    """The offset of weight row ``rows``' first word (K tile 0): row-major ``rows *
+    stride_qw_n``, or with ``TILED`` (``tile_order``: every 16 rows by 128 K one contiguous
+    run of 256 words, K tiles of a row block consecutive) the row block's first tile plus the
+    row's 16 words in it."""
+    if TILED:
+        return (rows // 16) * (stride_qw_n * 16) + (rows % 16) * 16
+    return rows * stride_qw_n
 
 
 @gluon.jit
@@ -266,6 +278,7 @@ def _int4_mma_kernel(
     x_layout: gl.constexpr,  # of x's tile [BLOCK_M, 4, 32] (``_x_tile_layout``)
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: 1 no split-K reduction, 2 neither math
+    TILED: gl.constexpr = False,  # words in ``tile_order``
 ):
     # Rows of the logical [16 * num_warps * ROW_TILES, K tile] operand: warp w holds the row
     # tiles 16 (num_warps j + w) .. + 15, j < ROW_TILES (the mma layout's repetition), and
@@ -292,7 +305,7 @@ def _int4_mma_kernel(
     rows, q_tile0 = _operand_rows(r, off_n, split_tile0, tiles_per_warp, WSPLIT, num_warps)
     q_tile0 = gl.where(rows < N, q_tile0, tiles_total)[:, None]  # rows past N read nothing
     words = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
-    row_ptrs = qw_ptr + rows[:, None] * stride_qw_n + words[None, :]
+    row_ptrs = qw_ptr + _row_words(rows, stride_qw_n, TILED)[:, None] + words[None, :]
     # x: every warp holds the tile; with WSPLIT each reads its own K range (``_warp_id``)
     x_tile0 = split_tile0
     if WSPLIT:
@@ -325,15 +338,15 @@ def _int4_mma_kernel(
     # the next tiles' words are in flight while this one is decoded and multiplied (the last
     # tiles load their own words again instead of reading the next warp's or split's)
     last = tiles_per_warp - 1
-    q0 = _load_words(row_ptrs, q_tile0, tiles_total, 0)
+    q0 = _load_words(row_ptrs, q_tile0, tiles_total, 0, TILED)
     if DEPTH == 2:
-        q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+        q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(1, last), TILED)
     _wait_after_words(PDL)
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
-            q2 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+            q2 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last), TILED)
         else:
-            q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+            q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last), TILED)
         if PARTS == 2:  # the words only, folded into the sum so they are not dead
             part += gl.convert_layout(gl.sum(q0, axis=1).to(gl.float32), row_layout)[:, None]
         else:
@@ -465,6 +478,7 @@ def _int4_mma_xs_kernel(
     q_layout: gl.constexpr,  # of the words [K groups, ROWS, 16] (``_frag_words3``)
     x_layout: gl.constexpr,  # of x's copy [K groups, BLOCK_M, 128], 16 bytes per thread
     num_warps: gl.constexpr,
+    TILED: gl.constexpr = False,  # words in ``tile_order``
 ):
     """The warps-over-K form (``wsplit``) of ``_int4_mma_kernel`` as a batched mma whose batch
     is the warp: warp w multiplies the program's 16 ROW_TILES rows over its own K range by x's
@@ -502,7 +516,7 @@ def _int4_mma_xs_kernel(
     qi = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, q_layout)))
     q_tile0 = split_tile0 + qw * tiles_per_warp
     q_tile0 = gl.where((qr < N)[None, :], q_tile0[:, None], tiles_total)[:, :, None]
-    q_ptrs = qw_ptr + (qr * stride_qw_n)[None, :, None] + qi[None, None, :]
+    q_ptrs = qw_ptr + _row_words(qr, stride_qw_n, TILED)[None, :, None] + qi[None, None, :]
     # x's copies [K group, x row, column of the tile]
     xw = gl.arange(0, K_WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_layout)))
     xm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_layout)))
@@ -534,12 +548,12 @@ def _int4_mma_xs_kernel(
     last = tiles_per_warp - 1
     if PDL != 2:  # x's first tiles, then the words (after them with ``weights_first``)
         _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
-    q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0)
+    q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0, TILED)
     if SCALED:
         s0, o0 = _tile_scales(s_ptr, o_ptr, d_tile0, d_rows, d_rows_ok, tiles_total, stride_s_g,
                               GROUP_TILES, APPLY, dtype)  # fmt: skip
     if DEPTH == 2:
-        q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last))
+        q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last), TILED)
         if SCALED:
             s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(1, last), d_rows,
                                   d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
@@ -549,13 +563,13 @@ def _int4_mma_xs_kernel(
         _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
     for kt in range(tiles_per_warp):
         if DEPTH == 2:
-            q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last))
+            q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last), TILED)
             if SCALED:
                 s2, o2 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 2, last), d_rows,
                                       d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
                                       dtype)  # fmt: skip
         else:
-            q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last))
+            q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last), TILED)
             if SCALED:
                 s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 1, last), d_rows,
                                       d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
@@ -674,6 +688,21 @@ def mma_order(qweight: torch.Tensor) -> torch.Tensor:
     return frag_order(pack_words(codes.reshape(n, words, 8)))
 
 
+def tile_order(qweight: torch.Tensor) -> torch.Tensor:
+    """Words int32 [N, K // 8] (N a multiple of 16, K of 128) -> the same words with every 16
+    rows by 128 K (16 rows of 16 words) one contiguous run of 256, the K tiles of a row block
+    consecutive: [N // 16, K // 128, 16, 16] stored as [N, K // 8]. The word order within a
+    row's tile is kept (fragment order for the mma kernels). So a warp's loads of a K tile
+    read 1 KB in one run instead of 16 runs of 64 bytes K / 2 bytes apart, and a program's
+    rows over its K range are one run."""
+    n, words = qweight.shape
+    if n % 16 or words % 16:
+        raise ValueError(f"tile order needs N a multiple of 16 and K of 128, got N={n}, "
+                         f"K={words * 8}")  # fmt: skip
+    tiles = qweight.reshape(n // 16, 16, words // 16, 16).permute(0, 2, 1, 3)
+    return tiles.contiguous().reshape(n, words)
+
+
 @dataclass(frozen=True)
 class Int4MmaWeight:
     """An ``Int4Weight`` as ``int4_mma`` reads it (``to_mma``): words int32 [N, K // 8] in
@@ -686,6 +715,7 @@ class Int4MmaWeight:
     offsets: torch.Tensor
     group_size: int
     contiguous_x: bool = True
+    tiled: bool = False  # words in ``tile_order``
 
     @property
     def out_features(self) -> int:
@@ -696,7 +726,7 @@ class Int4MmaWeight:
         return self.qweight.shape[1] * 8
 
 
-def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
+def to_mma(weight: Int4Weight, contiguous_x: bool = True, tiled: bool = False) -> Int4MmaWeight:
     """``weight`` (canonical or fragment order) with its words in ``mma_order``, or with
     ``contiguous_x=False`` in fragment order (no copy where they already are; x is then read
     in 4-byte pairs). Needs K a multiple of 128, groups of a multiple of 128 or one per row,
@@ -713,7 +743,9 @@ def to_mma(weight: Int4Weight, contiguous_x: bool = True) -> Int4MmaWeight:
         words = mma_order(weight.to_canonical().qweight)
     else:
         words = weight.to_frag().qweight
-    return Int4MmaWeight(words, weight.scales, weight.offsets, g, contiguous_x)
+    if tiled:
+        words = tile_order(words)
+    return Int4MmaWeight(words, weight.scales, weight.offsets, g, contiguous_x, tiled)
 
 
 def int4_mma_ok(x: torch.Tensor) -> bool:
@@ -830,19 +862,21 @@ def int4_mma(
         common["maxnreg"] = maxnreg
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
-               num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype)  # fmt: skip
+               num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype,
+               weight.tiled)  # fmt: skip
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
-            SCALED=scaled,
+            SCALED=scaled, TILED=weight.tiled,
             q_layout=_frag_words3(rows, num_warps, row_warps),
             x_layout=_x_copy_layout(num_warps, row_warps), **common,
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
                weight.contiguous_x, num_warps, maxnreg, x.dtype, weight.scales.dtype,
-               parts)  # fmt: skip
+               parts, weight.tiled)  # fmt: skip
         _MMA_LAUNCH(
             (num_tiles, num_splits), key, *args, WSPLIT=wsplit, X_CONTIG=weight.contiguous_x,
+            TILED=weight.tiled,
             q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
             x_layout=_x_tile_layout(block_m, num_warps), PARTS=parts, **common,
         )  # fmt: skip

@@ -14,6 +14,7 @@ from kernels.int4_mma import (
     int4_mma,
     int4_mma_ok,
     mma_order,
+    tile_order,
     to_mma,
 )
 from kernels.int4_weight import unpack_words
@@ -127,6 +128,52 @@ def test_x_through_shared_memory(dtype, group, cfg, scaled):
                    wsplit=True, row_tiles=row_tiles, x_smem=True, x_stages=x_stages,
                    row_warps=row_warps, scaled=scaled)  # fmt: skip
     assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} K=1152")
+
+
+def test_tile_order_runs_of_16_rows():
+    """``tile_order``: word w of row r's K tile t lands at 256 (T (r // 16) + t) + 16 (r % 16)
+    + w (T tiles per row), every word once; N not a multiple of 16 is refused."""
+    n, k = 48, 384
+    words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32)
+    tiled = tile_order(words).reshape(-1)
+    r, t, w = torch.meshgrid(torch.arange(n), torch.arange(k // 128), torch.arange(16),
+                             indexing="ij")  # fmt: skip
+    where = 256 * ((k // 128) * (r // 16) + t) + 16 * (r % 16) + w
+    assert torch.equal(tiled[where.reshape(-1)], words[r, 16 * t + w].reshape(-1))
+    assert torch.equal(torch.sort(tiled).values, torch.sort(words.reshape(-1)).values)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tile_order(words[:40])
+
+
+# (block_m, warps, split_k, depth, wsplit, row_tiles, x_smem, row_warps, scaled): the in-place
+# kernel over rows and over K, and x through shared memory with row warps and the scaled
+# decode, as the table runs them
+TILED_CFGS = [(8, 4, 1, 2, False, 1, False, 1, False), (8, 16, 1, 1, True, 1, False, 1, False),
+              (16, 4, 3, 1, True, 2, False, 1, False), (8, 8, 1, 1, True, 1, True, 1, False),
+              (16, 8, 2, 1, True, 1, True, 2, True),
+              (16, 8, 1, 2, True, 2, True, 1, False)]  # fmt: skip
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [128, 256, 1152])  # 1152 = K: per channel
+@pytest.mark.parametrize("cfg", TILED_CFGS, ids=lambda c: "m{}w{}s{}d{}{}r{}x{}rw{}sc{}".format(*c))
+def test_tile_order_matches_reference(group, cfg):
+    """Words in ``tile_order`` (fragment order within each tile) on both mma kernels: N =
+    1040 leaves the last programs' row tiles past N, K = 1152 (9 tiles) warps and splits past
+    K; eagerly, as dependent launches with the words issued before the wait."""
+    block_m, warps, split, depth, wsplit, row_tiles, x_smem, row_warps, scaled = cfg
+    ref_w = random_weight(1040, 1152, group, seed=group + warps)
+    view = to_mma(ref_w.to_frag(), contiguous_x=False, tiled=True)
+    assert view.tiled and view.qweight.shape == ref_w.qweight.shape
+    for m in (1, 5, 16, 21):
+        x = torch.randn(m, 1152, device="cuda", dtype=torch.bfloat16)
+        for launch in (dict(), dict(pdl=True, weights_first=True)):
+            out = int4_mma(x, view, block_m, warps, split, depth, wsplit=wsplit,
+                           row_tiles=row_tiles, x_smem=x_smem, row_warps=row_warps,
+                           scaled=scaled, **launch)  # fmt: skip
+            ref = int4_gemm_ref(x, ref_w)
+            assert_close(out, ref, torch.bfloat16, f"tiled {cfg} {launch} M={m} g={group}")
 
 
 @cuda
