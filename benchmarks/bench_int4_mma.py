@@ -63,6 +63,8 @@ def candidates(
     maxnreg: tuple[int, ...] = (0,),
     scaled: tuple[bool, ...] = (False,),
     depths: tuple[int, ...] = (1, 2),
+    s_ahead: tuple[bool, ...] = (False,),
+    w_ring: tuple[bool, ...] = (False,),
 ) -> list[dict]:
     """Warps over rows (1-8 warps, split-K 1-16) or over K (``wsplit``: 2-16 warps, split-K
     1-4), 1 or 2 tiles ahead, each of the launches in ``pdl`` (``LAUNCHES``' values), each
@@ -75,8 +77,9 @@ def candidates(
     block_m = 8 if m <= 8 else 16
     # the axes both lists share: words in flight, launch, row tiles per warp, register cap
     common = [
-        dict(depth=d, row_tiles=r, maxnreg=mr or None, **p)
+        dict(depth=d, row_tiles=r, maxnreg=mr or None, s_ahead=sa, **p)
         for d in depths
+        for sa in s_ahead
         for p in pdl
         for r in row_tiles
         for mr in maxnreg
@@ -93,6 +96,7 @@ def candidates(
                 x_stages=xs,
                 row_warps=rw,
                 scaled=sc,
+                w_ring=wr,
                 **c,
             )  # fmt: skip
             for bm in sizes
@@ -102,8 +106,14 @@ def candidates(
             for xs in x_stages
             for rw in row_warps
             for sc in scaled
+            for wr in w_ring
             if w * c["row_tiles"] <= 32
-            and xs * w * bm * 256 // rw + w * c["row_tiles"] * bm * 64 <= 200 * 1024  # smem
+            and xs * w * bm * 256 // rw
+            + w * c["row_tiles"] * bm * 64  # x ring, reduction
+            + (xs * w * c["row_tiles"] * 1024 if wr else 0)  # words' ring
+            <= 200 * 1024  # smem
+            and (wr or xs <= 3)
+            and not (wr and c["depth"] != 1)
             and w % rw == 0
             and 2 * rw <= bm
             and (bm < 64 or w * c["row_tiles"] <= 8)
@@ -161,6 +171,19 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
             for t, _, c in results:
                 best.setdefault(c["scaled"], t)
             print("  best per scaled: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))
+        if len(space.get("w_ring", ())) > 1:
+            best = {}
+            for t, _, c in results:
+                best.setdefault((c.get("w_ring"), c.get("x_stages")), t)
+            print("  best per (words in the ring, stages): "
+                  + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))  # fmt: skip
+        if len(space.get("s_ahead", ())) > 1:
+            best = {}
+            for t, _, c in results:
+                best.setdefault(c["s_ahead"], t)
+            print(
+                "  best per scales ahead: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items())
+            )
         if len(tiled_axis) > 1:
             best = {}
             for t, _, c in results:
@@ -232,12 +255,16 @@ def main() -> None:
     )
     parser.add_argument("--x-smem", action="store_true", help="with --frag: x through smem")
     parser.add_argument("--warps", default="8,16", help="--x-smem: warps per program to try")
-    parser.add_argument("--x-stages", default="2,3", help="--x-smem: x ring depths to try")
+    parser.add_argument(
+        "--x-stages", default="2,3", help="--x-smem: x ring depths to try (4: with --w-ring 1)"
+    )
     parser.add_argument("--row-warps", default="1", help="--x-smem: warps over rows per K group")
     parser.add_argument("--maxnreg", default="0", help="register caps to try (0: none)")
     parser.add_argument("--scaled", default="0", help="--x-smem: 0 ones-mma, 1 scaled decode, 0,1")
     parser.add_argument("--depths", default="1,2", help="tiles of words in flight to try")
     parser.add_argument("--tiled", default="0", help="words in tile_order: 0, 1 or 0,1")
+    parser.add_argument("--s-ahead", default="0", help="scales loaded a tile ahead: 0, 1, 0,1")
+    parser.add_argument("--w-ring", default="0", help="--x-smem: words in x's ring: 0, 1, 0,1")
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
@@ -251,6 +278,8 @@ def main() -> None:
         scaled=tuple(bool(v) for v in ints(args.scaled)),
         depths=ints(args.depths),
         tiled=tuple(bool(v) for v in ints(args.tiled)),
+        s_ahead=tuple(bool(v) for v in ints(args.s_ahead)),
+        w_ring=tuple(bool(v) for v in ints(args.w_ring)),
     )
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = [int(r) for r in args.rows.split(",")]
@@ -279,6 +308,8 @@ def main() -> None:
         c += ", pdl" if cfg["pdl"] else ""
         c += ", weights first" if cfg.get("weights_first") else ""
         c += ", tile order" if cfg.get("tiled") else ""
+        c += ", scales ahead" if cfg.get("s_ahead") else ""
+        c += ", words in the ring" if cfg.get("w_ring") else ""
         print(f"| {k} x {n} | {m} | {tb:.1f} | {tt:.1f} | {tm:.1f} | {tb / tt:.2f}x | "
               f"{tb / tm:.2f}x | {worst:.1e} | {c} |")  # fmt: skip
 

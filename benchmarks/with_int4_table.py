@@ -8,6 +8,15 @@ old table against the current one in the same device session.
 The old module's configs are rebuilt as the current ``Int4GemmConfig`` (fields it lacks keep
 their defaults); the kernels are the current ones. ``--no-pad``: the launcher does not pad x
 to whole tiles of the swapped kernel (``pad_rows``), as before the fifteenth session.
+
+A candidate table: the current one (``current`` for the file) with options set on every
+config of the register mma kernel that takes them (``--mma``, fields of ``Int4GemmConfig``;
+``num_stages`` counts the words' tiles ahead):
+
+    python3 benchmarks/with_int4_table.py --mma s_ahead=1 current \
+        benchmarks/bench_int4_gemm.py --rows 1,8,16 --no-model
+    python3 benchmarks/with_int4_table.py --mma s_ahead=1,w_ring=1,num_stages=2 current \
+        benchmarks/bench_int4_decode.py --batches 1,8,16
 """
 
 from __future__ import annotations
@@ -23,21 +32,56 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels.int4_gemm as int4_gemm  # noqa: E402
 
 
+def mma_options(text: str) -> dict:
+    """``--mma``'s ``key=value,...`` as ``Int4GemmConfig`` fields (ints; 0/1 for flags)."""
+    fields = {f.name: f.type for f in dataclasses.fields(int4_gemm.Int4GemmConfig)}
+    options = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--mma: {key!r} is not a field of Int4GemmConfig")
+        options[key] = bool(int(value)) if fields[key] in (bool, "bool") else int(value)
+    return options
+
+
+def with_mma_options(cfg, options: dict):
+    """``cfg`` with ``options`` where it is a register mma config that takes them (``x_smem``
+    for ``w_ring``, not ``scaled`` for ``s_ahead``), else ``cfg``."""
+    if cfg.strategy != "mma":
+        return cfg
+    wanted = dict(options)
+    if not cfg.x_smem:  # the words' tiles ahead are those of the ring
+        wanted.pop("w_ring", None)
+        wanted.pop("num_stages", None)
+    if cfg.scaled:
+        wanted.pop("s_ahead", None)
+    return dataclasses.replace(cfg, **wanted)
+
+
 def main() -> None:
     argv = sys.argv[1:]
-    if argv[:1] == ["--no-pad"]:
-        argv = argv[1:]
-        int4_gemm.pad_rows = lambda m, cfg: 0
+    options = {}
+    while argv[:1] in (["--no-pad"], ["--mma"]):
+        if argv[0] == "--no-pad":
+            argv = argv[1:]
+            int4_gemm.pad_rows = lambda m, cfg: 0
+        else:
+            options, argv = mma_options(argv[1]), argv[2:]
     if len(argv) < 2:
         raise SystemExit(__doc__)
     config_file, script, *args = argv
-    spec = importlib.util.spec_from_file_location("old_int4_gemm_config", config_file)
-    old = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = old  # dataclasses look their module up
-    spec.loader.exec_module(old)
+    if config_file == "current":
+        import kernels.int4_gemm_config as old
+    else:
+        spec = importlib.util.spec_from_file_location("old_int4_gemm_config", config_file)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old  # dataclasses look their module up
+        spec.loader.exec_module(old)
+    chosen = old.choose_config
 
     def choose_config(*a, **kw):
-        return int4_gemm.Int4GemmConfig(**dataclasses.asdict(old.choose_config(*a, **kw)))
+        cfg = int4_gemm.Int4GemmConfig(**dataclasses.asdict(chosen(*a, **kw)))
+        return with_mma_options(cfg, options) if options else cfg
 
     int4_gemm.choose_config = choose_config
     sys.argv = [script, *args]

@@ -782,6 +782,18 @@ def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.view(torch.int32)
 
 
+def mma_kwargs(cfg: Int4GemmConfig) -> dict:
+    """The ``int4_mma`` arguments of an ``mma`` config (``num_stages`` is the words' tiles
+    ahead: in registers, or with ``w_ring`` in x's shared ring of ``num_stages`` + 1)."""
+    return dict(
+        block_m=cfg.block_m, num_warps=cfg.num_warps, split_k=cfg.split_k,
+        depth=1 if cfg.w_ring else cfg.num_stages, pdl=cfg.pdl,
+        weights_first=cfg.weights_first, wsplit=cfg.wsplit, row_tiles=cfg.row_tiles,
+        x_smem=cfg.x_smem, row_warps=cfg.row_warps, maxnreg=cfg.maxnreg, scaled=cfg.scaled,
+        s_ahead=cfg.s_ahead, w_ring=cfg.w_ring, x_stages=cfg.num_stages + 1 if cfg.w_ring else 2,
+    )  # fmt: skip
+
+
 def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.Tensor:
     """The register mma kernel on fragment-ordered words (its view of them made once per
     weight, ``Int4Weight.memo``); where it does not apply (no Gluon, canonical words, fp32 x,
@@ -794,11 +806,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
         if view is None:  # the words in place; x already gathered by in_perm (act-order)
             view = Int4MmaWeight(weight.qweight, weight.scales, weight.offsets, g, False)
             weight.memo["mma",] = view
-        return int4_mma(
-            x, view, cfg.block_m, cfg.num_warps, cfg.split_k, cfg.num_stages, pdl=cfg.pdl,
-            weights_first=cfg.weights_first, wsplit=cfg.wsplit, row_tiles=cfg.row_tiles,
-            x_smem=cfg.x_smem, row_warps=cfg.row_warps, maxnreg=cfg.maxnreg, scaled=cfg.scaled,
-        )  # fmt: skip
+        return int4_mma(x, view, **mma_kwargs(cfg))
     m, n = x.shape[0], weight.out_features
     if weight.frag:
         return _launch(x, weight, _narrow_swap(m, n, k))

@@ -72,8 +72,13 @@ class Int4GemmConfig:
     dtype, instead of a second mma on ones for x's group sums; ``num_stages`` K tiles of
     words loaded ahead (1 or 2); ``split_k`` and ``pdl`` as elsewhere; ``weights_first``
     (with ``pdl``) issues those tiles of words and scales before it waits on the previous
-    kernel, and reads x only after (weights are read-only: ``kernels.pdl``); where it does
-    not apply, the swapped wgmma kernel runs instead.
+    kernel, and reads x only after (weights are read-only: ``kernels.pdl``); ``s_ahead``
+    (where the scales apply after every K tile and the decode does not apply them) loads
+    each tile's scales and offsets with its words, a tile ahead, instead of after its
+    products; ``w_ring`` (with ``x_smem``) copies the words into a shared ring beside x's
+    tiles, ``num_stages`` (1-3) tiles ahead in a ring of ``num_stages`` + 1 slots, instead of
+    loading them into registers; where it does not apply, the swapped wgmma kernel runs
+    instead.
     """
 
     strategy: str
@@ -101,6 +106,8 @@ class Int4GemmConfig:
     maxnreg: int | None = None
     scaled: bool = False
     weights_first: bool = False
+    s_ahead: bool = False
+    w_ring: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -138,8 +145,11 @@ class Int4GemmConfig:
                 "maxnreg (>= 24) applies to the mma strategy and the wgmma strategy with "
                 f"swap=True, got {self.maxnreg}"
             )
-        if self.strategy == "mma" and self.num_stages not in (1, 2):
-            raise ValueError(f"the mma strategy loads 1 or 2 tiles ahead, got {self.num_stages}")
+        if self.strategy == "mma" and self.num_stages not in ((1, 2, 3) if self.w_ring else (1, 2)):
+            raise ValueError(
+                "the mma strategy loads 1 or 2 tiles ahead (1-3 with w_ring), got "
+                f"{self.num_stages}"
+            )
         if self.strategy == "mma" and (
             self.block_n % self._warp_share or self.row_tiles not in (1, 2, 4)
         ):
@@ -153,6 +163,10 @@ class Int4GemmConfig:
                 "weights_first applies to the mma strategy and the wgmma strategy with "
                 "swap=True, specialized=False, and with pdl=True only"
             )
+        if self.s_ahead and (self.strategy != "mma" or self.scaled):
+            raise ValueError("s_ahead applies to the mma strategy without scaled only")
+        if self.w_ring and not self.x_smem:
+            raise ValueError("w_ring applies to the mma strategy with x_smem=True only")
         if self.l2_prefetch and not (self.strategy == "gemv" and self.pdl):
             raise ValueError("l2_prefetch applies to the gemv strategy with pdl=True only")
         if self.pipe and self.num_stages < 3:

@@ -215,6 +215,19 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
+def _row_scales(s_ptr, o_ptr, tile, rows, rows_ok, tiles_total, stride_s_g,
+                GROUP_TILES: gl.constexpr, BIAS: gl.constexpr):  # fmt: skip
+    """``S_AHEAD`` (scales applied after every K tile, APPLY 1): the fp32 scales s and
+    offsets o - BIAS s of K tile ``tile``'s group for weight rows ``rows`` (in their layout);
+    zeros past K and N."""
+    g_ptrs = (tile // GROUP_TILES) * stride_s_g + rows
+    ok = rows_ok & (tile < tiles_total)
+    s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
+    o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
+    return s, o
+
+
+@gluon.jit
 def _wait_after_words(PDL: gl.constexpr):
     """With PDL 2 (``weights_first``) the program has issued its first tiles' words (and
     scales) and now waits for the previous kernel before it reads x or touches the output or
@@ -279,6 +292,7 @@ def _int4_mma_kernel(
     num_warps: gl.constexpr,
     PARTS: gl.constexpr = 0,  # measurement only: 1 no split-K reduction, 2 neither math
     TILED: gl.constexpr = False,  # words in ``tile_order``
+    S_AHEAD: gl.constexpr = False,  # APPLY 1: scales loaded with the words, a tile ahead
 ):
     # Rows of the logical [16 * num_warps * ROW_TILES, K tile] operand: warp w holds the row
     # tiles 16 (num_warps j + w) .. + 15, j < ROW_TILES (the mma layout's repetition), and
@@ -339,6 +353,9 @@ def _int4_mma_kernel(
     # tiles load their own words again instead of reading the next warp's or split's)
     last = tiles_per_warp - 1
     q0 = _load_words(row_ptrs, q_tile0, tiles_total, 0, TILED)
+    if S_AHEAD:  # tile 0's scales and offsets with its words (APPLY 1: after every tile)
+        sa, oa = _row_scales(s_ptr, o_ptr, s_tile0, s_rows, s_rows_ok, tiles_total,
+                             stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
     if DEPTH == 2:
         q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(1, last), TILED)
     _wait_after_words(PDL)
@@ -347,13 +364,21 @@ def _int4_mma_kernel(
             q2 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last), TILED)
         else:
             q1 = _load_words(row_ptrs, q_tile0, tiles_total, gl.minimum(kt + 1, last), TILED)
+        if S_AHEAD:
+            sb, ob = _row_scales(s_ptr, o_ptr, s_tile0 + gl.minimum(kt + 1, last), s_rows,
+                                 s_rows_ok, tiles_total, stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
         if PARTS == 2:  # the words only, folded into the sum so they are not dead
             part += gl.convert_layout(gl.sum(q0, axis=1).to(gl.float32), row_layout)[:, None]
         else:
             x_mask = x_rows_ok & (x_tile0 + kt < tiles_total)
             part, xsum = _tile_product(q0, x_ptrs, x_mask, kt, part, xsum, ones, a_layout,
                                        b_layout, IS_BF16, X_CONTIG)  # fmt: skip
-        if APPLY != 0:
+        if S_AHEAD:
+            acc += part * sa[:, None] + xsum * oa[:, None]
+            part = zeros
+            xsum = zeros
+            sa, oa = sb, ob
+        elif APPLY != 0:
             if ((kt + 1) % APPLY == 0) | (kt == last):
                 tile = s_tile0 + kt
                 g_ptrs = (tile // GROUP_TILES) * stride_s_g + s_rows
@@ -447,6 +472,17 @@ def _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES: gl.c
 
 
 @gluon.jit
+def _copy_words(wring, slot, q_ptrs, q_tile0, tiles_total, kt, TILED: gl.constexpr):
+    """``W_RING``: the copy (``cp.async``, 16 bytes per thread: each thread copies the bytes
+    it reads back, so no other thread's copies need to have landed) of K tile kt of every
+    row's words into ring slot ``slot``; nothing past K."""
+    tile = q_tile0 + kt
+    ptrs = q_ptrs + tile * (256 if TILED else 16)
+    ok = gl.broadcast(tile < tiles_total, ptrs)[0]
+    async_copy.async_copy_global_to_shared(wring.index(slot), ptrs, mask=ok)
+
+
+@gluon.jit
 def _int4_mma_xs_kernel(
     x_ptr,
     qw_ptr,
@@ -479,6 +515,8 @@ def _int4_mma_xs_kernel(
     x_layout: gl.constexpr,  # of x's copy [K groups, BLOCK_M, 128], 16 bytes per thread
     num_warps: gl.constexpr,
     TILED: gl.constexpr = False,  # words in ``tile_order``
+    S_AHEAD: gl.constexpr = False,  # APPLY 1: scales loaded with the words, a tile ahead
+    W_RING: gl.constexpr = False,  # words through a cp.async ring with x's, X_STAGES - 1 ahead
 ):
     """The warps-over-K form (``wsplit``) of ``_int4_mma_kernel`` as a batched mma whose batch
     is the warp: warp w multiplies the program's 16 ROW_TILES rows over its own K range by x's
@@ -495,7 +533,12 @@ def _int4_mma_xs_kernel(
     With SCALED the decode gives the weights n s + o themselves, rounded once to x's dtype
     (``_decode_frag3``: a SUB and an FMA more per register), each tile's scales and offsets
     loaded with its words, so one mma per tile accumulates the output: the mma on ones and
-    the per-group fp32 sums go (half the mmas, which grow with M)."""
+    the per-group fp32 sums go (half the mmas, which grow with M).
+
+    With W_RING the words are copied into a ring of shared memory beside x's (``cp.async``,
+    in the same commit groups), X_STAGES - 1 tiles ahead of the one decoded, instead of
+    loaded into registers DEPTH ahead: more bytes in flight per warp at no register cost
+    (DEPTH is then 1 for the scales the decode applies)."""
     K_WARPS: gl.constexpr = num_warps // ROW_WARPS
     ROWS: gl.constexpr = 16 * ROW_TILES * ROW_WARPS
     IS_BF16: gl.constexpr = x_ptr.dtype.element_ty == gl.bfloat16
@@ -539,6 +582,10 @@ def _int4_mma_xs_kernel(
         [X_STAGES, K_WARPS, BLOCK_M, 128],
         gl.SwizzledSharedLayout(8, 1, 8, order=[2, 1, 0]),
     )
+    if W_RING:  # each thread's 16 bytes of a row next to its lane's: 512 bytes a warp a load
+        wring = gl.allocate_shared_memory(
+            gl.int32, [X_STAGES, K_WARPS, ROWS, 16], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        )
     ones = gl.full([K_WARPS, ROWS, 128], 1.0, dtype, layout=a_layout)
     zeros = gl.zeros([K_WARPS, ROWS, BLOCK_M], gl.float32, layout=mma_layout)
     acc = zeros
@@ -548,11 +595,20 @@ def _int4_mma_xs_kernel(
     last = tiles_per_warp - 1
     if PDL != 2:  # x's first tiles, then the words (after them with ``weights_first``)
         _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
-    q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0, TILED)
+    if W_RING:  # one commit group per tile, as x's (either order: the loop's waits hold)
+        for stage in gl.static_range(X_STAGES - 1):
+            _copy_words(wring, stage, q_ptrs, q_tile0, tiles_total, gl.minimum(stage, last),
+                        TILED)  # fmt: skip
+            async_copy.commit_group()
+    else:
+        q0 = _load_words(q_ptrs, q_tile0, tiles_total, 0, TILED)
+    if S_AHEAD:  # tile 0's scales and offsets with its words (APPLY 1: after every tile)
+        sa, oa = _row_scales(s_ptr, o_ptr, s_tile0, sr[None, :], s_rows_ok, tiles_total,
+                             stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
     if SCALED:
         s0, o0 = _tile_scales(s_ptr, o_ptr, d_tile0, d_rows, d_rows_ok, tiles_total, stride_s_g,
                               GROUP_TILES, APPLY, dtype)  # fmt: skip
-    if DEPTH == 2:
+    if (DEPTH == 2) & (not W_RING):
         q1 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(1, last), TILED)
         if SCALED:
             s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(1, last), d_rows,
@@ -562,7 +618,12 @@ def _int4_mma_xs_kernel(
     if PDL == 2:
         _copy_x_ahead(ring, x_ptrs, x_ok, x_tile0, last, tiles_total, X_STAGES)
     for kt in range(tiles_per_warp):
-        if DEPTH == 2:
+        if W_RING:
+            if SCALED:
+                s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 1, last), d_rows,
+                                      d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
+                                      dtype)  # fmt: skip
+        elif DEPTH == 2:
             q2 = _load_words(q_ptrs, q_tile0, tiles_total, gl.minimum(kt + 2, last), TILED)
             if SCALED:
                 s2, o2 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 2, last), d_rows,
@@ -574,6 +635,9 @@ def _int4_mma_xs_kernel(
                 s1, o1 = _tile_scales(s_ptr, o_ptr, d_tile0 + gl.minimum(kt + 1, last), d_rows,
                                       d_rows_ok, tiles_total, stride_s_g, GROUP_TILES, APPLY,
                                       dtype)  # fmt: skip
+        if S_AHEAD:
+            sb, ob = _row_scales(s_ptr, o_ptr, s_tile0 + gl.minimum(kt + 1, last), sr[None, :],
+                                 s_rows_ok, tiles_total, stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
         async_copy.wait_group(X_STAGES - 2)  # this thread's copies of tile kt have landed
         gl.thread_barrier()  # everyone's; and everyone is done with tile kt - 1's slot
         ahead = gl.minimum(kt + X_STAGES - 1, last)
@@ -582,6 +646,10 @@ def _int4_mma_xs_kernel(
             x_ptrs + ahead * 128,
             mask=x_ok & (x_tile0 + ahead < tiles_total),
         )
+        if W_RING:
+            _copy_words(wring, (kt + X_STAGES - 1) % X_STAGES, q_ptrs, q_tile0, tiles_total,
+                        ahead, TILED)  # fmt: skip
+            q0 = wring.index(kt % X_STAGES).load(q_layout)
         async_copy.commit_group()
         xv = ring.index(kt % X_STAGES).permute((0, 2, 1)).load(b_layout)
         if SCALED:
@@ -590,7 +658,12 @@ def _int4_mma_xs_kernel(
             a = _codes_frag3(q0, ones, a_layout, IS_BF16)
             part = mma_v2(a, xv, part)
             xsum = mma_v2(ones, xv, xsum)
-        if (APPLY != 0) & (not SCALED):
+        if S_AHEAD:
+            acc += part * sa[:, :, None] + xsum * oa[:, :, None]
+            part = zeros
+            xsum = zeros
+            sa, oa = sb, ob
+        elif (APPLY != 0) & (not SCALED):
             if ((kt + 1) % APPLY == 0) | (kt == last):
                 s, o = _tile_scales(s_ptr, o_ptr, s_tile0 + kt, sr[None, :], s_rows_ok,
                                     tiles_total, stride_s_g, GROUP_TILES, APPLY,
@@ -598,7 +671,10 @@ def _int4_mma_xs_kernel(
                 acc += part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
                 part = zeros
                 xsum = zeros
-        if DEPTH == 2:
+        if W_RING:
+            if SCALED:
+                s0, o0 = s1, o1
+        elif DEPTH == 2:
             q0 = q1
             q1 = q2
             if SCALED:
@@ -775,6 +851,8 @@ def int4_mma(
     scaled: bool = False,
     slots: bool = True,
     parts: int = 0,
+    s_ahead: bool = False,
+    w_ring: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16) on the register mma kernel;
     [M, N] in x's dtype.
@@ -800,8 +878,13 @@ def int4_mma(
     ``x_smem``): the decode applies each tile's scale and offset, rounding the weights once to
     x's dtype, instead of a second mma on ones for x's group sums. ``parts`` (measurement only)
     leaves part of the work out: 1 the split-K reduction (each split stores its partial over the
-    others'), 2 the math as well (the words are loaded and summed). Check ``int4_mma_ok``
-    first."""
+    others'), 2 the math as well (the words are loaded and summed). ``s_ahead``: where the
+    scales apply after every K tile (groups of 128, or ranges not on group boundaries) and
+    the decode does not apply them, each tile's scales and offsets are loaded with its
+    words, a tile ahead, instead of after its products (ignored elsewhere). ``w_ring`` (with
+    ``x_smem``): the words go through a ring of shared memory beside x's, ``x_stages`` - 1
+    tiles ahead (``cp.async``), instead of ``depth`` tiles ahead in registers. Check
+    ``int4_mma_ok`` first."""
     if not isinstance(weight, Int4MmaWeight):
         raise TypeError(f"int4_mma takes an Int4MmaWeight (to_mma), got {type(weight).__name__}")
     if parts not in (0, 1, 2):
@@ -814,8 +897,10 @@ def int4_mma(
         raise ValueError("x_smem needs wsplit and fragment-ordered words (contiguous_x=False)")
     if scaled and not x_smem:
         raise ValueError("scaled applies with x_smem only")
-    if x_stages not in (2, 3):
-        raise ValueError(f"x_stages must be 2 or 3, got {x_stages}")
+    if x_stages not in (2, 3, 4):
+        raise ValueError(f"x_stages must be 2, 3 or 4, got {x_stages}")
+    if w_ring and not x_smem:
+        raise ValueError("w_ring needs x_smem (the words share x's ring)")
     if row_warps != 1 and not (
         x_smem and row_warps in (2, 4, 8) and num_warps % row_warps == 0
         and 2 * row_warps <= block_m
@@ -851,6 +936,8 @@ def int4_mma(
     else:
         apply = 1
     group_tiles = group_tiles if apply else 1
+    s_ahead = bool(s_ahead and apply == 1 and not scaled)
+    depth = 1 if w_ring else depth  # the scales the decode applies: one tile ahead
     args = (x, weight.qweight, weight.scales, weight.offsets, out, ws, locks, m, n, tiles,
             tiles_per_split, tiles_per_warp, num_splits, x.stride(0), weight.qweight.stride(0),
             weight.scales.stride(0), out.stride(0))  # fmt: skip
@@ -863,20 +950,20 @@ def int4_mma(
     if x_smem:
         key = (block_m, group_tiles, apply, depth, mode, pdl, row_tiles, x_stages, row_warps,
                num_warps, maxnreg, scaled, x.dtype, weight.scales.dtype,
-               weight.tiled)  # fmt: skip
+               weight.tiled, s_ahead, w_ring)  # fmt: skip
         _MMA_XS_LAUNCH(
             (num_tiles, num_splits), key, *args, X_STAGES=x_stages, ROW_WARPS=row_warps,
-            SCALED=scaled, TILED=weight.tiled,
+            SCALED=scaled, TILED=weight.tiled, S_AHEAD=s_ahead, W_RING=w_ring,
             q_layout=_frag_words3(rows, num_warps, row_warps),
             x_layout=_x_copy_layout(num_warps, row_warps), **common,
         )  # fmt: skip
     else:
         key = (block_m, group_tiles, apply, depth, mode, pdl, wsplit, row_tiles,
                weight.contiguous_x, num_warps, maxnreg, x.dtype, weight.scales.dtype,
-               parts, weight.tiled)  # fmt: skip
+               parts, weight.tiled, s_ahead)  # fmt: skip
         _MMA_LAUNCH(
             (num_tiles, num_splits), key, *args, WSPLIT=wsplit, X_CONTIG=weight.contiguous_x,
-            TILED=weight.tiled,
+            TILED=weight.tiled, S_AHEAD=s_ahead,
             q_layout=_frag_words_layout(16 * num_warps * row_tiles, 16, num_warps),
             x_layout=_x_tile_layout(block_m, num_warps), PARTS=parts, **common,
         )  # fmt: skip

@@ -176,6 +176,72 @@ def test_tile_order_matches_reference(group, cfg):
             assert_close(out, ref, torch.bfloat16, f"tiled {cfg} {launch} M={m} g={group}")
 
 
+# (block_m, warps, split_k, depth, wsplit, row_tiles, x_smem, maxnreg): the in-place kernel
+# over rows and over K (the table's down_proj M <= 2 form, capped at 64 registers) and x
+# through shared memory (the table's M <= 8 and o_proj M = 9-16 forms, and two row tiles
+# with split-K); K = 1536 is 12 tiles: 4 warps over K get 3 each, so groups of 256 apply
+# after every tile too
+AHEAD_CFGS = [(8, 4, 2, 1, False, 1, False, None), (8, 16, 1, 1, True, 1, False, 64),
+              (8, 4, 1, 2, True, 2, False, None), (8, 8, 1, 1, True, 1, True, 80),
+              (16, 8, 1, 1, True, 1, True, None), (8, 4, 2, 1, True, 2, True, 128)]  # fmt: skip
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [128, 256, 1536])  # 1536 = K: per channel (ignored)
+@pytest.mark.parametrize("cfg", AHEAD_CFGS, ids=lambda c: "m{}w{}s{}d{}{}r{}x{}c{}".format(*c))
+def test_scales_ahead_matches_reference(group, cfg):
+    """``s_ahead``: each tile's scales and offsets loaded with its words, a tile ahead, on
+    both kernels (N = 1037: the last rows masked), row-major and in ``tile_order`` (N =
+    1040), eagerly and as a dependent launch that issues the words before its wait."""
+    block_m, warps, split, depth, wsplit, row_tiles, x_smem, cap = cfg
+    for n, tiled in ((1037, False), (1040, True)):
+        ref_w = random_weight(n, 1536, group, seed=group + warps + n)
+        view = to_mma(ref_w.to_frag(), contiguous_x=False, tiled=tiled)
+        for m in (1, 5, 16):
+            x = torch.randn(m, 1536, device="cuda", dtype=torch.bfloat16)
+            for launch in (dict(), dict(pdl=True, weights_first=True)):
+                args = dict(block_m=block_m, num_warps=warps, split_k=split, depth=depth,
+                            wsplit=wsplit, row_tiles=row_tiles, x_smem=x_smem, maxnreg=cap,
+                            **launch)  # fmt: skip
+                out = int4_mma(x, view, s_ahead=True, **args)
+                what = f"s_ahead {cfg} {launch} N={n} M={m} g={group}"
+                assert_close(out, int4_gemm_ref(x, ref_w), torch.bfloat16, what)
+
+
+# (block_m, warps, split_k, row_tiles, x_stages, row_warps, scaled): x through shared memory
+# with the words in its ring, 1-3 tiles ahead; K = 1152 is 9 tiles, so 8 warps over K get
+# one each, 4 get 3 (the last past K), and 2 splits of 8 warps run past K
+RING_CFGS = [(8, 8, 1, 1, 2, 1, False), (8, 8, 1, 1, 3, 1, False), (8, 4, 1, 2, 4, 1, False),
+             (16, 8, 1, 1, 3, 2, True), (16, 8, 2, 1, 4, 2, False), (8, 8, 2, 2, 3, 1, False),
+             (16, 8, 1, 1, 2, 1, True)]  # fmt: skip
+
+
+@cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [128, 384, 1152])  # 1152 = K: per channel
+@pytest.mark.parametrize("cfg", RING_CFGS, ids=lambda c: "m{}w{}s{}r{}x{}rw{}sc{}".format(*c))
+def test_words_through_the_ring_match_reference(group, cfg):
+    """``w_ring``: the words copied into x's ring (``cp.async``) ``x_stages`` - 1 tiles
+    ahead, with and without the scales a tile ahead (``s_ahead``), row-major (N = 1037) and
+    in ``tile_order`` (N = 1040), eagerly and as a dependent launch that issues the first
+    tiles' words before its wait."""
+    block_m, warps, split, row_tiles, x_stages, row_warps, scaled = cfg
+    for n, tiled in ((1037, False), (1040, True)):
+        ref_w = random_weight(n, 1152, group, seed=group + x_stages + n)
+        view = to_mma(ref_w.to_frag(), contiguous_x=False, tiled=tiled)
+        for m in (1, 5, 16, 21):
+            x = torch.randn(m, 1152, device="cuda", dtype=torch.bfloat16)
+            ref = int4_gemm_ref(x, ref_w)
+            for launch in (dict(s_ahead=True), dict(pdl=True, weights_first=True)):
+                out = int4_mma(x, view, block_m, warps, split, 1, wsplit=True,
+                               row_tiles=row_tiles, x_smem=True, x_stages=x_stages,
+                               row_warps=row_warps, scaled=scaled, w_ring=True,
+                               **launch)  # fmt: skip
+                what = f"w_ring {cfg} {launch} N={n} M={m} g={group}"
+                assert_close(out, ref, torch.bfloat16, what)
+
+
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", [128, 1152])
@@ -280,7 +346,9 @@ def test_rejects_what_it_cannot_run():
     with pytest.raises(ValueError, match="x_smem needs wsplit"):
         int4_mma(x, to_mma(weight, contiguous_x=False), x_smem=True)
     with pytest.raises(ValueError, match="x_stages"):
-        int4_mma(x, to_mma(weight), x_stages=4)
+        int4_mma(x, to_mma(weight), x_stages=5)
+    with pytest.raises(ValueError, match="w_ring needs x_smem"):
+        int4_mma(x, to_mma(weight, contiguous_x=False), wsplit=True, w_ring=True)
     with pytest.raises(ValueError, match="scaled"):
         int4_mma(x, to_mma(weight), scaled=True)  # without x_smem
     frag = to_mma(weight, contiguous_x=False)
@@ -408,6 +476,17 @@ def test_config_checks():
     with pytest.raises(ValueError, match="weights_first"):
         Int4GemmConfig("wgmma", swap=True, specialized=True, pdl=True, weights_first=True)
     Int4GemmConfig("wgmma", swap=True, pdl=True, weights_first=True)  # form 3 of the kernel
+    with pytest.raises(ValueError, match="s_ahead"):
+        Int4GemmConfig("wgmma", swap=True, s_ahead=True)
+    with pytest.raises(ValueError, match="w_ring"):
+        Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, wsplit=True, w_ring=True)
+    with pytest.raises(ValueError, match="1-3 with w_ring"):
+        Int4GemmConfig("mma", 8, 16, 128, 1, 8, 3, wsplit=True, x_smem=True)
+    Int4GemmConfig("mma", 8, 16, 128, 1, 8, 3, wsplit=True, x_smem=True, w_ring=True)
+    with pytest.raises(ValueError, match="s_ahead"):
+        Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, wsplit=True, x_smem=True, scaled=True,
+                       s_ahead=True)  # fmt: skip
+    Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, wsplit=True, x_smem=True, s_ahead=True)
     with pytest.raises(ValueError, match="maxnreg"):
         Int4GemmConfig("gemv", maxnreg=80)
     with pytest.raises(ValueError, match="maxnreg"):
