@@ -40,16 +40,16 @@ from kernels.int4_gemm import choose_config, int4_gemm, int4_gemm_ref, mma_kwarg
 from kernels.int4_mma import int4_mma, to_mma  # noqa: E402
 
 
-def variants(cfg) -> dict[str, tuple[object, bool]]:
-    """name -> (config, tile order: False) for the table's mma config ``cfg``."""
-    out = {"table": (cfg, False)}
+def variants(cfg) -> dict:
+    """name -> config for the table's mma config ``cfg``: itself, ``s_ahead`` (where the
+    decode does not apply the scales) and ``ring 1-3`` (where x goes through shared memory)."""
+    out = {"table": cfg}
     ahead = {} if cfg.scaled else {"s_ahead": True}
     if ahead:
-        out["s_ahead"] = (dataclasses.replace(cfg, **ahead), False)
+        out["s_ahead"] = dataclasses.replace(cfg, **ahead)
     if cfg.x_smem:
         for depth in (1, 2, 3):
-            ring = dataclasses.replace(cfg, w_ring=True, num_stages=depth, **ahead)
-            out[f"ring {depth}"] = (ring, False)
+            out[f"ring {depth}"] = dataclasses.replace(cfg, w_ring=True, num_stages=depth, **ahead)
     return out
 
 
@@ -78,11 +78,11 @@ def run_shape(k: int, n: int, rows: list[int]) -> list[tuple]:
             times[name] = graph_time_us(lambda i: int4_mma(x, w[i], **kw), peers.num_int4)
 
         row_major = variants(cfg)
-        for name, (c, _) in row_major.items():
+        for name, c in row_major.items():
             run(name, c, False)
         best = min(times, key=times.get)
         for name in dict.fromkeys(("table", best)):  # the table's and the best in tile order
-            run(f"tiled, {name}", row_major[name][0], True)
+            run(f"tiled, {name}", row_major[name], True)
         line = ", ".join(f"{name} {t:.1f}" for name, t in times.items())
         print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, int4_gemm {t_gemm:.1f}; {line} "
               f"(worst rel. error {max(errors):.1e})")  # fmt: skip

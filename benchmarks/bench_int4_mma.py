@@ -131,6 +131,20 @@ def candidates(
     ]
 
 
+def launch_name(cfg: dict) -> str:
+    """The ``LAUNCHES`` key of a candidate's launch."""
+    same = lambda v: all(cfg.get(a, False) == v.get(a, False) for a in ("pdl", "weights_first"))  # noqa: E731
+    return next(name for name, v in LAUNCHES.items() if same(v))
+
+
+def print_best(results: list[tuple], label: str, key) -> None:
+    """The best time per value of ``key(config)`` among ``results`` (sorted, fastest first)."""
+    best = {}
+    for t, _, c in results:
+        best.setdefault(key(c), t)
+    print(f"  best per {label}: " + ", ".join(f"{v}: {t:.1f} us" for v, t in best.items()))
+
+
 def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
@@ -166,44 +180,20 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
         if len(row_tiles) > 1:
             best = {r: min(t for t, _, c in results if c["row_tiles"] == r) for r in row_tiles}
             print("  best per row tiles: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
-        if len(space.get("scaled", (False,))) > 1:
-            best = {}
-            for t, _, c in results:
-                best.setdefault(c["scaled"], t)
-            print("  best per scaled: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))
-        if len(space.get("w_ring", ())) > 1:
-            best = {}
-            for t, _, c in results:
-                best.setdefault((c.get("w_ring"), c.get("x_stages")), t)
-            print("  best per (words in the ring, stages): "
-                  + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items()))  # fmt: skip
-        if len(space.get("s_ahead", ())) > 1:
-            best = {}
-            for t, _, c in results:
-                best.setdefault(c["s_ahead"], t)
-            print(
-                "  best per scales ahead: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items())
-            )
-        if len(tiled_axis) > 1:
-            best = {}
-            for t, _, c in results:
-                best.setdefault(c["tiled"], t)
-            print(
-                "  best per tile order: " + ", ".join(f"{k}: {t:.1f} us" for k, t in best.items())
-            )
-        if len(space.get("pdl", ())) > 1:
-            best = {}
-            for t, _, c in results:  # sorted: the first of each is its best
-                name = next(k for k, v in LAUNCHES.items()
-                            if all(c.get(a, False) == v.get(a, False)
-                                   for a in ("pdl", "weights_first")))  # fmt: skip
-                best.setdefault(name, t)
-            print("  best per launch: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
-        if len(row_warps) > 1:
-            best = {}
-            for t, _, c in results:  # sorted: the first of each is its best
-                best.setdefault(c["row_warps"], t)
-            print("  best per row warps: " + ", ".join(f"{r}: {t:.1f} us" for r, t in best.items()))
+        axes = {  # label: (the values tried, a config's value)
+            "scaled": (space.get("scaled", ()), lambda c: c["scaled"]),
+            "(words in the ring, stages)": (
+                space.get("w_ring", ()),
+                lambda c: (c.get("w_ring"), c.get("x_stages")),
+            ),
+            "scales ahead": (space.get("s_ahead", ()), lambda c: c["s_ahead"]),
+            "tile order": (tiled_axis, lambda c: c["tiled"]),
+            "launch": (space.get("pdl", ()), launch_name),
+            "row warps": (row_warps, lambda c: c["row_warps"]),
+        }
+        for label, (values, key) in axes.items():
+            if len(values) > 1:
+                print_best(results, label, key)
         worst = max(r[1] for r in results)
         summary.append((k, n, m, t_bf16, t_table, results[0][0], worst, results[0][2]))
     return summary

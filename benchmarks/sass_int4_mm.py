@@ -20,6 +20,7 @@ order through shared memory).
 from __future__ import annotations
 
 import collections
+import inspect
 import os
 import re
 import subprocess
@@ -73,7 +74,11 @@ def compile_sm90(
 ) -> bytes:
     """The sm_90 cubin of ``kernel`` for the given argument types and constexprs, with the
     launchers' 16-divisibility hints on pointers and on the ``aligned`` integer arguments
-    (``source_cls``: Gluon's ``GluonASTSource`` for a Gluon kernel)."""
+    (``source_cls``: Gluon's ``GluonASTSource`` for a Gluon kernel). Constexprs not given
+    take their defaults in the kernel's signature, as at a launch that leaves them out."""
+    defaults = {p.name: p.default for p in kernel.params
+                if p.is_constexpr and p.default is not inspect.Parameter.empty}  # fmt: skip
+    constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     names = list(kernel.arg_names)
     signature = {n: signature[n] for n in names}  # in argument order, as Triton reads it

@@ -48,7 +48,6 @@ def compile_mma(block_m: int, warps: int, depth: int, mode: int, contiguous_x: b
         "PDL": pdl, "WSPLIT": True, "ROW_TILES": row_tiles, "X_CONTIG": contiguous_x,
         "q_layout": _frag_words_layout(16 * warps * row_tiles, 16, warps),
         "x_layout": K._x_tile_layout(block_m, warps), "num_warps": warps, "PARTS": 0,
-        "TILED": False,
     }  # fmt: skip
     return compile_sm90(K._int4_mma_kernel, signature, constexprs, ALIGNED, warps, 1,
                         GluonASTSource)  # fmt: skip
@@ -64,7 +63,7 @@ def compile_xs(block_m: int, warps: int, depth: int, mode: int, row_tiles: int,
     constexprs = {
         "BLOCK_M": block_m, "GROUP_TILES": 1, "APPLY": 1, "DEPTH": depth, "MODE": mode,
         "PDL": pdl, "ROW_TILES": row_tiles, "X_STAGES": 2, "ROW_WARPS": row_warps,
-        "SCALED": scaled, "TILED": False,
+        "SCALED": scaled,
         "q_layout": K._frag_words3(16 * row_tiles * row_warps, warps, row_warps),
         "x_layout": K._x_copy_layout(warps, row_warps), "num_warps": warps,
     }  # fmt: skip

@@ -34,6 +34,8 @@ launch is safe inside CUDA graph capture.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -782,6 +784,7 @@ def _with_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x.view(torch.int32)
 
 
+@functools.cache  # the eager launcher asks on every call; callers only unpack the dict
 def mma_kwargs(cfg: Int4GemmConfig) -> dict:
     """The ``int4_mma`` arguments of an ``mma`` config (``num_stages`` is the words' tiles
     ahead: in registers, or with ``w_ring`` in x's shared ring of ``num_stages`` + 1)."""

@@ -122,13 +122,21 @@ def _codes_frag(q, like, a_layout: gl.constexpr, IS_BF16: gl.constexpr):
 
 
 @gluon.jit
-def _load_words(row_ptrs, tile0, tiles_total, kt, TILED: gl.constexpr = False):
-    """The words of K tile tile0 + kt (16 per row) of the rows at ``row_ptrs`` ([..., R, 16]:
-    their first word, plus the word index; tile0 [..., R, 1], a K tile per row), in their
-    layout; none past K. ``TILED``: the words are in ``tile_order`` (``_row_words``), each
-    16-row tile 256 words on from the last."""
+def _tile_words(row_ptrs, tile0, tiles_total, kt, TILED: gl.constexpr):
+    """(pointers, mask) of the words of K tile tile0 + kt (16 per row) of the rows at
+    ``row_ptrs`` ([..., R, 16]: their first word, plus the word index; tile0 [..., R, 1], a K
+    tile per row); the mask is off past K. ``TILED``: the words are in ``tile_order``
+    (``_row_words``), each 16-row tile 256 words on from the last."""
     tile = tile0 + kt
-    return gl.load(row_ptrs + tile * (256 if TILED else 16), mask=tile < tiles_total, other=0)
+    return row_ptrs + tile * (256 if TILED else 16), tile < tiles_total
+
+
+@gluon.jit
+def _load_words(row_ptrs, tile0, tiles_total, kt, TILED: gl.constexpr = False):
+    """The words of K tile tile0 + kt of the rows at ``row_ptrs`` (``_tile_words``), in their
+    layout; none past K."""
+    ptrs, ok = _tile_words(row_ptrs, tile0, tiles_total, kt, TILED)
+    return gl.load(ptrs, mask=ok, other=0)
 
 
 @gluon.jit
@@ -217,14 +225,12 @@ def _program_tile(N, tiles_per_split, ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
 @gluon.jit
 def _row_scales(s_ptr, o_ptr, tile, rows, rows_ok, tiles_total, stride_s_g,
                 GROUP_TILES: gl.constexpr, BIAS: gl.constexpr):  # fmt: skip
-    """``S_AHEAD`` (scales applied after every K tile, APPLY 1): the fp32 scales s and
-    offsets o - BIAS s of K tile ``tile``'s group for weight rows ``rows`` (in their layout);
-    zeros past K and N."""
-    g_ptrs = (tile // GROUP_TILES) * stride_s_g + rows
-    ok = rows_ok & (tile < tiles_total)
-    s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
-    o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
-    return s, o
+    """The fp32 scales s and offsets o - BIAS s of K tile ``tile``'s group for weight rows
+    ``rows`` (in their layout), as the sums of codes and of x take them; zeros past K and N
+    (``_tile_scales`` in fp32)."""
+    s, o = _tile_scales(s_ptr, o_ptr, tile, rows, rows_ok, tiles_total, stride_s_g, GROUP_TILES,
+                        1, gl.float32)  # fmt: skip
+    return s, o - BIAS * s
 
 
 @gluon.jit
@@ -380,11 +386,8 @@ def _int4_mma_kernel(
             sa, oa = sb, ob
         elif APPLY != 0:
             if ((kt + 1) % APPLY == 0) | (kt == last):
-                tile = s_tile0 + kt
-                g_ptrs = (tile // GROUP_TILES) * stride_s_g + s_rows
-                ok = s_rows_ok & (tile < tiles_total)
-                s = gl.load(s_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32)
-                o = gl.load(o_ptr + g_ptrs, mask=ok, other=0.0).to(gl.float32) - BIAS * s
+                s, o = _row_scales(s_ptr, o_ptr, s_tile0 + kt, s_rows, s_rows_ok, tiles_total,
+                                   stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
                 acc += part * s[:, None] + xsum * o[:, None]
                 part = zeros
                 xsum = zeros
@@ -476,10 +479,8 @@ def _copy_words(wring, slot, q_ptrs, q_tile0, tiles_total, kt, TILED: gl.constex
     """``W_RING``: the copy (``cp.async``, 16 bytes per thread: each thread copies the bytes
     it reads back, so no other thread's copies need to have landed) of K tile kt of every
     row's words into ring slot ``slot``; nothing past K."""
-    tile = q_tile0 + kt
-    ptrs = q_ptrs + tile * (256 if TILED else 16)
-    ok = gl.broadcast(tile < tiles_total, ptrs)[0]
-    async_copy.async_copy_global_to_shared(wring.index(slot), ptrs, mask=ok)
+    ptrs, ok = _tile_words(q_ptrs, q_tile0, tiles_total, kt, TILED)
+    async_copy.async_copy_global_to_shared(wring.index(slot), ptrs, mask=gl.broadcast(ok, ptrs)[0])
 
 
 @gluon.jit
@@ -665,10 +666,9 @@ def _int4_mma_xs_kernel(
             sa, oa = sb, ob
         elif (APPLY != 0) & (not SCALED):
             if ((kt + 1) % APPLY == 0) | (kt == last):
-                s, o = _tile_scales(s_ptr, o_ptr, s_tile0 + kt, sr[None, :], s_rows_ok,
-                                    tiles_total, stride_s_g, GROUP_TILES, APPLY,
-                                    gl.float32)  # fmt: skip
-                acc += part * s[:, :, None] + xsum * (o - BIAS * s)[:, :, None]
+                s, o = _row_scales(s_ptr, o_ptr, s_tile0 + kt, sr[None, :], s_rows_ok,
+                                   tiles_total, stride_s_g, GROUP_TILES, BIAS)  # fmt: skip
+                acc += part * s[:, :, None] + xsum * o[:, :, None]
                 part = zeros
                 xsum = zeros
         if W_RING:
