@@ -3,6 +3,7 @@
     python benchmarks/bench_int4_gemm.py            # the table in kernels/int4_gemm_config.py
     python benchmarks/bench_int4_gemm.py --sweep --no-model --out DIR  # candidates, best 3
     python benchmarks/bench_int4_gemm.py --previous-order   # narrow weights canonical (gemv)
+    python benchmarks/bench_int4_gemm.py --untiled   # fragment order without tile order
 
 Llama-3-8B projection shapes (K x N), group 128, M = 1, 16, 64, 256, 1024. Each op is
 captured in a CUDA graph that runs it over enough copies of the weight to exceed the L2
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.int4_gemm import (  # noqa: E402
     Int4GemmConfig,
     Int4Weight,
+    device_form,
     frag_preferred,
     int4_gemm,
     int4_gemm_ref,
@@ -48,15 +50,20 @@ def random_int4(n: int, k: int, device: str = "cuda") -> Int4Weight:
 # ``--previous-order``: the engine's word order before 2026-11-30's twelfth session, when only
 # wide and long-K weights were held in fragment order (narrow ones ran the gemv at M = 1).
 PREVIOUS_ORDER = False
+# ``--untiled``: fragment-ordered words row-major, as the engine held them before the
+# twenty-third session (no ``tile_order``).
+UNTILED = False
 
 
 def engine_int4(n: int, k: int) -> Int4Weight:
-    """A random weight in the word order the engine holds it in (``Int4Linear``: fragment
-    order on Hopper, ``frag_preferred``; with ``PREVIOUS_ORDER`` only for wide and long-K
-    weights)."""
+    """A random weight in the word order the engine holds it in (``Int4Linear``,
+    ``device_form``: fragment and tile order on Hopper; with ``PREVIOUS_ORDER`` fragment
+    order only for wide and long-K weights, with ``UNTILED`` no tile order)."""
     weight = random_int4(n, k)
-    frag = frag_preferred(weight) and (not PREVIOUS_ORDER or n > 8192 or k >= 8192)
-    return weight.to_frag() if frag else weight
+    if PREVIOUS_ORDER or UNTILED:
+        frag = frag_preferred(weight) and (not PREVIOUS_ORDER or n > 8192 or k >= 8192)
+        return weight.to_frag() if frag else weight
+    return device_form(weight)
 
 
 def graph_time_us(fn, num_copies: int, num_replays: int = 10) -> float:
@@ -369,9 +376,12 @@ def main() -> None:
     parser.add_argument(
         "--previous-order", action="store_true", help="narrow weights in canonical order"
     )
+    parser.add_argument(
+        "--untiled", action="store_true", help="fragment-ordered words without tile order"
+    )
     args = parser.parse_args()
-    global PREVIOUS_ORDER
-    PREVIOUS_ORDER = args.previous_order
+    global PREVIOUS_ORDER, UNTILED
+    PREVIOUS_ORDER, UNTILED = args.previous_order, args.untiled
     torch.manual_seed(0)
     print(
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "

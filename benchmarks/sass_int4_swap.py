@@ -46,6 +46,7 @@ def compile_swap(
     specialized: bool = False,
     pipe: bool = False,
     pdl: int = 0,
+    tiled: bool = False,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -57,7 +58,11 @@ def compile_swap(
     row = W._row_layout(dtype)
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [rows, BLOCK_K], x_layout),
-        "qw_desc": TensorDescriptor.from_tensor(q, [block_n, BLOCK_K // 8], q_layout),
+        "qw_desc": (
+            W._tiled_words_desc(q, block_n)
+            if tiled
+            else TensorDescriptor.from_tensor(q, [block_n, BLOCK_K // 8], q_layout)
+        ),
         "s_desc": TensorDescriptor.from_tensor(s, [1, block_n], row),
         "o_desc": TensorDescriptor.from_tensor(s, [1, block_n], row),
         "out_ptr": torch.empty(1, dtype=dtype),
@@ -67,6 +72,7 @@ def compile_swap(
     }
     words = W._frag_words_layout if frag else W._fragment_words_layout
     constexprs = {
+        "Q_LAYOUT": q_layout,
         "L3": words(block_n, BLOCK_K // 8, warps),
         "S_LAYOUT": W._fragment_words_layout(block_n, 1, warps, row=True),
         "GROUP_TILES": 1,

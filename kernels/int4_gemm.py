@@ -65,7 +65,6 @@ from kernels.int4_tiles import (
 from kernels.int4_weight import (
     Int4Weight,
     frag_shape_ok,
-    frag_unorder,
     tma_tiles_ok,
     unpack_words,
 )
@@ -86,6 +85,7 @@ __all__ = [
     "int4_gemm",
     "int4_gemm_ref",
     "dequantize_int4",
+    "device_form",
     "frag_preferred",
 ]
 
@@ -644,22 +644,26 @@ def _int4_dequant_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FRAG: tl.constexpr,
+    TILED: tl.constexpr = False,
 ):
     # Writes dequant(W) [N, K] in the output dtype, for the cuBLAS path at large M.
     # BLOCK_K divides group_size (or K is one group): one scale per row of the tile.
     # FRAG (fragment-ordered words, BLOCK_K = 128): code j of word w of the tile is column
     # 32b + 16c + 8e + 2t + h with w = 4t + b, j = 4h + 2c + e (int4_weight.frag_order); the
-    # tile is put in column order in registers, so the stores stay contiguous.
+    # tile is put in column order in registers, so the stores stay contiguous. TILED (with
+    # FRAG, words in int4_weight.tile_order): row n's tile t is 16 words at 256 (T (n // 16)
+    # + t) + 16 (n % 16), T = K // 128 tiles per row.
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_w = tl.multiple_of(k0 // 8, BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
     n_mask = offs_n < N
-    q = tl.load(
-        qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :],
-        mask=n_mask[:, None] & (offs_w[None, :] < K // 8),
-        other=0,
-    )
+    if TILED:
+        rows = (offs_n // 16) * (16 * stride_qw_n) + (offs_n % 16) * 16 + 16 * k0 // 8
+        ptrs = qw_ptr + rows[:, None] + tl.arange(0, BLOCK_K // 8)[None, :]
+    else:
+        ptrs = qw_ptr + offs_n[:, None] * stride_qw_n + offs_w[None, :]
+    q = tl.load(ptrs, mask=n_mask[:, None] & (offs_w[None, :] < K // 8), other=0)
     g = k0 // group_size
     s = tl.load(s_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     o = tl.load(o_ptr + g * stride_s_g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -711,6 +715,7 @@ def dequantize_int4_triton(weight: Int4Weight, dtype: torch.dtype) -> torch.Tens
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         FRAG=weight.frag,
+        TILED=weight.tiled,
     )
     return out
 
@@ -769,6 +774,18 @@ def frag_preferred(weight: Int4Weight) -> bool:
     )
 
 
+def device_form(weight: Int4Weight) -> Int4Weight:
+    """``weight`` in the word order the engine holds it in on its device: where
+    ``frag_preferred``, fragment order, and with N a multiple of 16 also ``tile_order``
+    (every 16 rows by 128 K one 1 KB run, which the register mma kernel, the swapped wgmma
+    kernel and the dequantizer read alike: on the H200 the mma kernel at M = 1-16 was 0.2-1.7
+    us faster per call on Llama-3-8B shapes, BENCHMARKS.md, twenty-third session); else
+    itself."""
+    if weight.frag or not frag_preferred(weight):
+        return weight
+    return weight.to_frag(tiled=weight.out_features % 16 == 0)
+
+
 def _sub_k(group_size: int) -> int:
     """K values of a gemv sub-group: the largest power of two dividing the group, <= 128."""
     return min(group_size & -group_size, 128)
@@ -807,7 +824,9 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
     if int4_mma is not None and weight.frag and int4_mma_ok(x):
         view = weight.memo.get(("mma",))
         if view is None:  # the words in place; x already gathered by in_perm (act-order)
-            view = Int4MmaWeight(weight.qweight, weight.scales, weight.offsets, g, False)
+            view = Int4MmaWeight(
+                weight.qweight, weight.scales, weight.offsets, g, False, weight.tiled
+            )
             weight.memo["mma",] = view
         return int4_mma(x, view, **mma_kwargs(cfg))
     m, n = x.shape[0], weight.out_features
@@ -1072,7 +1091,7 @@ def dequantize_int4(weight: Int4Weight, dtype: torch.dtype = torch.float32) -> t
     that ``x @ dequantize_int4(w).T`` needs no gather.
     """
     n, k, g = weight.out_features, weight.in_features, weight.group_size
-    qweight = frag_unorder(weight.qweight) if weight.frag else weight.qweight
+    qweight = weight.to_canonical().qweight
     codes = unpack_words(qweight).reshape(n, k).float()
     scales = weight.scales.float().t().repeat_interleave(g, dim=1)
     offsets = weight.offsets.float().t().repeat_interleave(g, dim=1)

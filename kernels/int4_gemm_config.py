@@ -351,9 +351,11 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
       two programs per multiprocessor hold every row (N <= 4096 on the H200), else 8; at M =
       3-8 x through shared memory (``x_smem``), 8 warps, 32 rows (two row tiles per warp),
       split-K 2, registers capped at 128;
-    - others up to M = 8 through shared memory, 8 warps of 16 rows, registers capped at 96
+    - others up to M = 8 through shared memory, 8 warps of 16 rows, each tile's scales and
+      offsets loaded with its words, a tile ahead (``s_ahead``), registers capped at 96
       where two programs per multiprocessor hold every row (o_proj-sized, N <= 4096), else at
-      80, which lets three fit (qkv-sized: 384 programs);
+      80, which lets three fit (qkv-sized: 384 programs), and there the words copied into x's
+      shared ring one tile ahead (``w_ring``) instead of into registers;
     - at M = 9-16 through shared memory, 8 warps: o_proj-sized ones with 16 rows, qkv-sized
       ones with two row warps (32 rows, each K range's copy of x read by two warps) and the
       scales applied in the decode (``scaled``: half the mmas; 4096 x 6144 at M = 16 9.8
@@ -367,6 +369,11 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     16-warp form at M <= 2 is capped at 64 registers, the count it uses anyway (offline
     SASS), under which ptxas schedules it differently: 13.0 / 13.4 against 13.7 / 14.2 us at
     M = 1 / 2 (sixteenth session).
+
+    ``s_ahead`` and ``w_ring`` (twenty-third session, ``bench_int4_latency.py``, words in
+    tile order, two runs): 4096 x 4096 at M = 1 / 8 4.4-4.5 / 4.6-4.7 against 4.9 / 4.8 us;
+    4096 x 6144 at M = 1 / 8 6.1 / 6.2-6.3 against 6.3 / 6.3-6.5 (neither helped down_proj's
+    forms, nor at M = 9-32: deeper rings were slower, up to 1.4x).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2
@@ -389,8 +396,12 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
             return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
         return None
     if m <= 8:
-        cap = 96 if two_per_sm else 80
-        return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, maxnreg=cap, **smem)
+        if two_per_sm:  # o_proj-sized: the scales a tile ahead
+            return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, maxnreg=96, s_ahead=True, **smem)
+        # qkv-sized: and the words through x's shared ring, one tile ahead
+        return Int4GemmConfig(
+            "mma", 8, 16, 128, 1, 8, 1, maxnreg=80, s_ahead=True, w_ring=True, **smem
+        )
     if m <= 16:
         if n <= 4096:
             return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)

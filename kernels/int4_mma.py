@@ -66,6 +66,7 @@ from kernels.int4_weight import (
     frag_order,
     frag_shape_ok,
     pack_words,
+    tile_order,
     unpack_words,
 )
 from kernels.int4_wgmma import (
@@ -764,21 +765,6 @@ def mma_order(qweight: torch.Tensor) -> torch.Tensor:
     return frag_order(pack_words(codes.reshape(n, words, 8)))
 
 
-def tile_order(qweight: torch.Tensor) -> torch.Tensor:
-    """Words int32 [N, K // 8] (N a multiple of 16, K of 128) -> the same words with every 16
-    rows by 128 K (16 rows of 16 words) one contiguous run of 256, the K tiles of a row block
-    consecutive: [N // 16, K // 128, 16, 16] stored as [N, K // 8]. The word order within a
-    row's tile is kept (fragment order for the mma kernels). So a warp's loads of a K tile
-    read 1 KB in one run instead of 16 runs of 64 bytes K / 2 bytes apart, and a program's
-    rows over its K range are one run."""
-    n, words = qweight.shape
-    if n % 16 or words % 16:
-        raise ValueError(f"tile order needs N a multiple of 16 and K of 128, got N={n}, "
-                         f"K={words * 8}")  # fmt: skip
-    tiles = qweight.reshape(n // 16, 16, words // 16, 16).permute(0, 2, 1, 3)
-    return tiles.contiguous().reshape(n, words)
-
-
 @dataclass(frozen=True)
 class Int4MmaWeight:
     """An ``Int4Weight`` as ``int4_mma`` reads it (``to_mma``): words int32 [N, K // 8] in
@@ -805,8 +791,9 @@ class Int4MmaWeight:
 def to_mma(weight: Int4Weight, contiguous_x: bool = True, tiled: bool = False) -> Int4MmaWeight:
     """``weight`` (canonical or fragment order) with its words in ``mma_order``, or with
     ``contiguous_x=False`` in fragment order (no copy where they already are; x is then read
-    in 4-byte pairs). Needs K a multiple of 128, groups of a multiple of 128 or one per row,
-    and no act-order permutation (the caller would have to gather x first)."""
+    in 4-byte pairs); ``tiled``: and in ``tile_order`` (N a multiple of 16). Needs K a
+    multiple of 128, groups of a multiple of 128 or one per row, and no act-order permutation
+    (the caller would have to gather x first)."""
     k, g = weight.in_features, weight.group_size
     if not frag_shape_ok(k, g):
         raise ValueError(
@@ -817,10 +804,10 @@ def to_mma(weight: Int4Weight, contiguous_x: bool = True, tiled: bool = False) -
         raise ValueError("int4_mma does not take act-order weights (in_perm); permute x first")
     if contiguous_x:
         words = mma_order(weight.to_canonical().qweight)
+        if tiled:
+            words = tile_order(words)
     else:
-        words = weight.to_frag().qweight
-    if tiled:
-        words = tile_order(words)
+        words = weight.to_frag(tiled=tiled).qweight
     return Int4MmaWeight(words, weight.scales, weight.offsets, g, contiguous_x, tiled)
 
 

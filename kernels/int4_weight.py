@@ -30,6 +30,9 @@ class Int4Weight:
     or None. ``frag``: the words are in fragment order (``frag_order``), the layout of the
     Hopper kernel for small M; then K and the group size are multiples of 128 (or the group is
     K), and only that kernel and the dequantizers read them (``to_frag``, ``to_canonical``).
+    ``tiled`` (with ``frag``, N a multiple of 16): the fragment-ordered words are also in
+    ``tile_order`` (every 16 rows by 128 K one contiguous 1 KB run), as the engine holds them
+    on Hopper (``kernels.int4_gemm.device_form``); qweight is then contiguous.
     """
 
     qweight: torch.Tensor
@@ -38,6 +41,7 @@ class Int4Weight:
     group_size: int
     in_perm: torch.Tensor | None = None
     frag: bool = False
+    tiled: bool = False
     # Launchers' per-weight memo (TMA descriptors and checks of its tensors, by tile): built
     # on the first eager call of a tiling, so later calls skip it; a new weight starts empty.
     memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -67,6 +71,12 @@ class Int4Weight:
                 f"fragment order needs K and the group size multiples of {FRAG_TILE_K} (or one "
                 f"group), got K={k}, group_size={self.group_size}"
             )
+        if self.tiled and not (self.frag and n % 16 == 0 and self.qweight.is_contiguous()):
+            raise ValueError(
+                "tile order (tiled) needs fragment-ordered (frag), contiguous words and N a "
+                f"multiple of 16, got frag={self.frag}, N={n}, "
+                f"contiguous={self.qweight.is_contiguous()}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -94,19 +104,27 @@ class Int4Weight:
             self.group_size,
             perm,
             self.frag,
+            self.tiled,
         )
 
-    def to_frag(self) -> Int4Weight:
-        """The same weight with its words in fragment order (itself if they already are)."""
-        if self.frag:
+    def to_frag(self, tiled: bool = False) -> Int4Weight:
+        """The same weight with its words in fragment order, with ``tiled`` also in
+        ``tile_order`` (itself if they already are so)."""
+        if self.frag and self.tiled == tiled:
             return self
-        return replace(self, qweight=frag_order(self.qweight), frag=True)
+        q = self.qweight
+        if self.tiled:
+            q = tile_unorder(q)
+        elif not self.frag:
+            q = frag_order(q)
+        return replace(self, qweight=tile_order(q) if tiled else q, frag=True, tiled=tiled)
 
     def to_canonical(self) -> Int4Weight:
         """The same weight with its words in canonical order (itself if they already are)."""
         if not self.frag:
             return self
-        return replace(self, qweight=frag_unorder(self.qweight), frag=False)
+        q = tile_unorder(self.qweight) if self.tiled else self.qweight
+        return replace(self, qweight=frag_unorder(q), frag=False, tiled=False)
 
     @staticmethod
     def cat_n(weights: list[Int4Weight]) -> Int4Weight:
@@ -126,8 +144,12 @@ class Int4Weight:
             )
             if not same_perm:
                 raise ValueError("cat_n needs identical in_perm (act-order permutation)")
-            if w.frag != first.frag:
-                raise ValueError("cat_n needs the same word order (all fragment-ordered or none)")
+            if (w.frag, w.tiled) != (first.frag, first.tiled):
+                raise ValueError(
+                    "cat_n needs the same word order (all fragment-ordered or none, all in tile "
+                    "order or none)"
+                )
+        # in tile order each 16 rows hold the same span of words as row-major: rows concatenate
         return Int4Weight(
             torch.cat([w.qweight for w in weights], 0),
             torch.cat([w.scales for w in weights], 1),
@@ -135,10 +157,17 @@ class Int4Weight:
             first.group_size,
             first.in_perm,
             first.frag,
+            first.tiled,
         )
 
     def narrow_n(self, start: int, length: int) -> Int4Weight:
-        """Output features ``start .. start+length`` (a tensor-parallel column shard)."""
+        """Output features ``start .. start+length`` (a tensor-parallel column shard; in tile
+        order on multiples of 16 rows)."""
+        if self.tiled and (start % 16 or length % 16):
+            raise ValueError(
+                f"narrow_n of a weight in tile order needs start and length multiples of 16, "
+                f"got {start}, {length}"
+            )
         return Int4Weight(
             self.qweight[start : start + length].contiguous(),
             self.scales[:, start : start + length].contiguous(),
@@ -146,6 +175,7 @@ class Int4Weight:
             self.group_size,
             self.in_perm,
             self.frag,
+            self.tiled,
         )
 
     def narrow_k(self, start: int, length: int) -> Int4Weight:
@@ -158,6 +188,8 @@ class Int4Weight:
                 f"narrow_k needs start and length multiples of group_size={g}, "
                 f"got {start}, {length}"
             )
+        if self.tiled:  # K tiles are not contiguous per row there
+            return self.to_frag().narrow_k(start, length).to_frag(tiled=True)
         return Int4Weight(
             self.qweight[:, start // 8 : (start + length) // 8].contiguous(),
             self.scales[start // g : (start + length) // g].contiguous(),
@@ -248,3 +280,26 @@ def frag_unorder(qweight: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(codes)
     out[:, :, _frag_source_k(qweight.device).reshape(-1)] = codes
     return pack_words(out.reshape(n, words, 8))
+
+
+def tile_order(qweight: torch.Tensor) -> torch.Tensor:
+    """Words int32 [N, K // 8] (N a multiple of 16, K of 128) -> the same words with every 16
+    rows by 128 K (16 rows of 16 words) one contiguous run of 256, the K tiles of a row block
+    consecutive: [N // 16, K // 128, 16, 16] stored as [N, K // 8]. The word order within a
+    row's tile is kept (fragment order for the Hopper kernels). So a warp's loads of a K tile
+    read 1 KB in one run instead of 16 runs of 64 bytes K / 2 bytes apart, and a program's
+    rows over its K range are one run; a TMA box of 16 k rows by one K tile is read as 16
+    rows of 16 words, the same bytes in shared memory as row-major words give."""
+    n, words = qweight.shape
+    if n % 16 or words % 16:
+        raise ValueError(f"tile order needs N a multiple of 16 and K of 128, got N={n}, "
+                         f"K={words * 8}")  # fmt: skip
+    tiles = qweight.reshape(n // 16, 16, words // 16, 16).permute(0, 2, 1, 3)
+    return tiles.contiguous().reshape(n, words)
+
+
+def tile_unorder(qweight: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``tile_order``: row-major words [N, K // 8] again."""
+    n, words = qweight.shape
+    tiles = qweight.reshape(n // 16, words // 16, 16, 16).permute(0, 2, 1, 3)
+    return tiles.contiguous().reshape(n, words)

@@ -350,7 +350,13 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
     if PART != 1:
         tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
     if PART != 2:
-        tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
+        if len(qw_desc.block_type.shape) == 3:  # words in tile order (``_tiled_words_desc``)
+            q_dst = q_bufs.index(slot)._reinterpret(
+                gl.int32, qw_desc.block_type.shape, qw_desc.layout
+            )
+            tma.async_copy_global_to_shared(qw_desc, [off_n // 16, k // 8, 0], bar, q_dst, pred)
+        else:
+            tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
         tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
         tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
 
@@ -431,7 +437,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
     dtype: gl.constexpr = x_desc.dtype
     IS_BF16: gl.constexpr = dtype == gl.bfloat16
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = s_desc.block_type.shape[1]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
     )
@@ -527,7 +533,7 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 @gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
-    qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8]
+    qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8] (or in tile order)
     s_desc,  # scales [K // group, N], block [1, BLOCK_N]
     o_desc,  # offsets, as the scales
     out_ptr,
@@ -539,6 +545,7 @@ def _int4_wgmma_swap_kernel(
     k_per_split,
     num_splits,
     stride_out_m,
+    Q_LAYOUT: gl.constexpr,  # shared layout of a ring slot of words [BLOCK_N, BLOCK_K // 8]
     L3: gl.constexpr,  # layout of the [BLOCK_N, WORDS, 4] decode (``_fragment_words_layout``)
     S_LAYOUT: gl.constexpr,  # layout of a [1, BLOCK_N] scale row, rows as L3
     GROUP_TILES: gl.constexpr,  # K tiles per quantization group; 0: one group (per channel)
@@ -553,7 +560,7 @@ def _int4_wgmma_swap_kernel(
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = qw_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = s_desc.block_type.shape[1]
     dtype: gl.constexpr = x_desc.dtype
 
     # acc [BLOCK_N, BLOCK_M] += dequant(W tile) [BLOCK_N, BLOCK_K] @ x tile^T: the weight is the
@@ -570,9 +577,7 @@ def _int4_wgmma_swap_kernel(
         tl.extra.cuda.gdc_wait()
 
     x_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    q_bufs = gl.allocate_shared_memory(
-        gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8], qw_desc.layout
-    )
+    q_bufs = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8], Q_LAYOUT)
     s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -622,6 +627,20 @@ def _int4_wgmma_swap_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE)  # fmt: skip
+
+
+def _tiled_words_desc(qweight: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """The TMA descriptor of words in ``int4_weight.tile_order`` for K tiles of 128: the words
+    viewed as [N // 16, 16 K // 128, 16] (row block, 16 K tile + row within it, word), one box
+    [block_n // 16, 16, 16] per tile; its coordinates are [off_n // 16, k // 8, 0], and it
+    lands in shared memory as the same bytes as a row-major [block_n, 16] box (rows of 64
+    bytes one after another, swizzled by address alike), so the decode reads it unchanged."""
+    n, words = qweight.shape
+    view = qweight.view(n // 16, words, 16)
+    box = [block_n // 16, 16, 16]
+    return TensorDescriptor.from_tensor(
+        view, box, gl.NVMMASharedLayout.get_default_for(box, gl.int32)
+    )
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -819,7 +838,9 @@ def int4_wgmma_swap(
     descs = weight.memo.get(("swap", block_n, block_k))
     if descs is None:
         descs = (
-            TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
+            _tiled_words_desc(weight.qweight, block_n)
+            if weight.tiled
+            else TensorDescriptor.from_tensor(weight.qweight, [block_n, block_k // 8], q_layout),
             TensorDescriptor.from_tensor(
                 weight.scales, [1, block_n], _row_layout(weight.scales.dtype)
             ),
@@ -833,7 +854,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg)  # fmt: skip
+           pdl, maxnreg, weight.tiled)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -848,6 +869,7 @@ def int4_wgmma_swap(
         "k_per_split": k_per_split,
         "num_splits": num_splits,
         "stride_out_m": out.stride(0),
+        "Q_LAYOUT": q_layout,
         "L3": (_frag_words_layout if frag else _fragment_words_layout)(
             block_n, block_k // 8, num_warps
         ),

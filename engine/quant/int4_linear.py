@@ -9,6 +9,10 @@ import kernels.int4_gemm as int4_kernels
 from kernels.int4_gemm import Int4Weight
 
 
+def _order_name(frag: bool, tiled: bool) -> str:
+    return "tiled" if tiled else "fragment" if frag else "canonical"
+
+
 def _same_perm(a: Int4Weight, b: Int4Weight) -> bool:
     if a.in_perm is None or b.in_perm is None:
         return a.in_perm is None and b.in_perm is None
@@ -38,7 +42,7 @@ class Int4Linear(nn.Module):
         self._num_parts = len(parts)
         # word order of each part's buffer: weights with groups of 128 or more on Hopper are
         # put in fragment order once, when they reach the GPU (``_rebuild``)
-        self._frag = [p.frag for p in parts]
+        self._order = [(p.frag, p.tiled) for p in parts]
         for i, part in enumerate(parts):
             self.register_buffer(f"qweight_{i}", part.qweight)
             self.register_buffer(f"scales_{i}", part.scales)
@@ -56,22 +60,26 @@ class Int4Linear(nn.Module):
 
     def _rebuild(self) -> None:
         """Rebuild the ``Int4Weight`` views of the buffers; a part that ``frag_preferred``
-        picks (groups of 128 or more, on an sm_90 GPU) has its words put in fragment order here, in
-        place of the canonical ones, so its buffer holds the kernel's layout from then on."""
+        picks (groups of 128 or more, on an sm_90 GPU) has its words put in fragment order
+        (and tile order: ``int4_gemm.device_form``) here, in place of the canonical ones, so
+        its buffer holds the kernels' layout from then on."""
         self.parts = []
         for i in range(self._num_parts):
+            frag, tiled = self._order[i]
             part = Int4Weight(
                 getattr(self, f"qweight_{i}"),
                 getattr(self, f"scales_{i}"),
                 getattr(self, f"offsets_{i}"),
                 self.group_size,
                 getattr(self, f"in_perm_{i}"),
-                self._frag[i],
+                frag,
+                tiled,
             )
-            if not part.frag and int4_kernels.frag_preferred(part):
-                part = part.to_frag()
+            held = int4_kernels.device_form(part)
+            if held is not part:
+                part = held
                 setattr(self, f"qweight_{i}", part.qweight)
-                self._frag[i] = True
+                self._order[i] = (part.frag, part.tiled)
             self.parts.append(part)
 
     def _apply(self, fn, recurse=True):  # keep the cached Int4Weight views in step with .to()
@@ -91,5 +99,5 @@ class Int4Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"group_size={self.group_size}, parts={self._num_parts}, "
-            f"fragment_order={self._frag}"
+            f"word_order={[_order_name(*o) for o in self._order]}"
         )

@@ -18,12 +18,13 @@ from kernels.int4_gemm import (  # noqa: E402
     Int4Weight,
     dequantize_int4,
     dequantize_int4_triton,
+    device_form,
     frag_preferred,
     int4_gemm,
     int4_gemm_ref,
 )
 from kernels.int4_gemm_config import choose_config  # noqa: E402
-from kernels.int4_weight import frag_order, frag_unorder  # noqa: E402
+from kernels.int4_weight import frag_order, frag_unorder, tile_order, tile_unorder  # noqa: E402
 from tests.kernels.test_int4_gemm import DEVICE, assert_close, random_weight  # noqa: E402
 
 
@@ -55,11 +56,37 @@ def test_layout_is_the_wgmma_fragment():
     assert torch.equal(frag_unorder(frag_order(w.qweight)), w.qweight)
 
 
+def test_tile_order_layout():
+    """Tile order (``Int4Weight.tiled``): row r's 16 words of K tile t at 256 (T (r // 16) +
+    t) + 16 (r % 16) of the flat words, T tiles per row (written here from that formula, not
+    from ``tile_order``'s reshape); ``tile_unorder`` inverts it; ``to_frag(tiled=True)`` is
+    fragment order then tile order, from either order, and back."""
+    w = random_weight(48, 384, 128, seed=21).to("cpu")
+    frag = frag_order(w.qweight)
+    flat = tile_order(frag).reshape(-1)
+    tiles = 384 // 128
+    for r in range(48):
+        for t in range(tiles):
+            at = 256 * (tiles * (r // 16) + t) + 16 * (r % 16)
+            assert torch.equal(flat[at : at + 16], frag[r, 16 * t : 16 * t + 16]), (r, t)
+    assert torch.equal(tile_unorder(tile_order(frag)), frag)
+    tiled = w.to_frag(tiled=True)
+    assert tiled.frag and tiled.tiled and torch.equal(tiled.qweight.reshape(-1), flat)
+    assert w.to_frag().to_frag(tiled=True).qweight.equal(tiled.qweight)
+    assert torch.equal(tiled.to_frag().qweight, frag) and not tiled.to_frag().tiled
+    assert torch.equal(tiled.to_canonical().qweight, w.qweight)
+    assert not tiled.to_canonical().tiled and tiled.to_frag(tiled=True) is tiled
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiled"])
 @pytest.mark.parametrize("group_size", [128, 256, 512])  # 512 = K: per channel
-def test_dequantizers(group_size):
-    w = random_weight(40, 512, group_size, seed=12)
-    f = w.to_frag()
-    assert f.frag and not torch.equal(f.qweight, w.qweight)
+def test_dequantizers(group_size, tiled):
+    """Both dequantizers on fragment-ordered words, row-major and in tile order, give the
+    canonical weight's values exactly (N = 48: three blocks of 16 rows, the Triton kernel's
+    32-row blocks across them)."""
+    w = random_weight(48, 512, group_size, seed=12)
+    f = w.to_frag(tiled=tiled)
+    assert f.frag and f.tiled == tiled and not torch.equal(f.qweight, w.qweight)
     dense = dequantize_int4(w)
     torch.testing.assert_close(dequantize_int4(f), dense, rtol=0, atol=0)
     for dtype in (torch.float16, torch.float32):
@@ -76,11 +103,14 @@ def test_int4_gemm_routes_fragment_order():
     gives such weights the register mma kernel (small M on N <= 8192), the swapped wgmma
     kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow weights) or dequantize
     only."""
-    w = random_weight(48, 256, 128, seed=13, perm=True).to_frag()
+    canon = random_weight(48, 256, 128, seed=13, perm=True)
+    w = canon.to_frag()
     for m in (1, 7, 300):
         x = torch.randn(m, 256, device=DEVICE)
         assert_close(int4_gemm(x, w), int4_gemm_ref(x, w), torch.float32, f"M={m}")
-        assert_close(int4_gemm_ref(x, w), int4_gemm_ref(x, w.to_canonical()), torch.float32, "ref")
+        assert_close(int4_gemm_ref(x, w), int4_gemm_ref(x, canon), torch.float32, "ref")
+        tiled = int4_gemm(x, canon.to_frag(tiled=True))
+        assert_close(tiled, int4_gemm_ref(x, canon), torch.float32, f"tiled M={m}")
     for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
         for n in (4096, 28672):
             cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
@@ -111,6 +141,34 @@ def test_fragment_order_bad_input():
     )
 
 
+def test_tile_order_shards_and_bad_input():
+    """Weights in tile order concatenate along N and shard along N (on 16-row blocks) and K
+    (on group boundaries) to the same values as canonical ones; what tile order cannot hold
+    is refused with the reason."""
+    a, b = random_weight(32, 512, 128, seed=22), random_weight(16, 512, 128, seed=23)
+    ta, tb = a.to_frag(tiled=True), b.to_frag(tiled=True)
+    both = Int4Weight.cat_n([ta, tb])
+    assert both.tiled
+    dense = torch.cat([dequantize_int4(a), dequantize_int4(b)])
+    torch.testing.assert_close(dequantize_int4(both), dense, rtol=0, atol=0)
+    torch.testing.assert_close(dequantize_int4(both.narrow_n(16, 32)), dense[16:48], rtol=0,
+                               atol=0)  # fmt: skip
+    shard = both.narrow_k(128, 256)
+    assert shard.tiled and shard.in_features == 256
+    torch.testing.assert_close(dequantize_int4(shard), dense[:, 128:384], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        random_weight(40, 512, 128, seed=24).to_frag(tiled=True)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        both.narrow_n(8, 16)
+    with pytest.raises(ValueError, match="same word order"):
+        Int4Weight.cat_n([ta, b.to_frag()])
+    with pytest.raises(ValueError, match="fragment-ordered"):
+        Int4Weight(a.qweight, a.scales, a.offsets, 128, tiled=True)
+    with pytest.raises(ValueError, match="contiguous"):
+        Int4Weight(ta.qweight.t().contiguous().t(), a.scales, a.offsets, 128, frag=True,
+                   tiled=True)  # fmt: skip
+
+
 def test_frag_preferred_only_on_hopper():
     w = random_weight(8200, 256, 128, seed=17)  # N > 8192, a multiple of 8
     hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
@@ -131,6 +189,7 @@ def test_int4_linear_converts_wide_weights_on_hopper():
     ref = [p.to("cpu") for p in parts]
     layer = Int4Linear(parts)
     assert layer.parts[0].frag and layer.out_features == 12296  # fused, N > 8192
+    assert not layer.parts[0].tiled  # N not a multiple of 16: row-major fragment order
     for m in (1, 16, 100, 300):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         want = torch.cat([int4_gemm_ref(x.cpu().float(), r) for r in ref], dim=-1)
@@ -139,6 +198,30 @@ def test_int4_linear_converts_wide_weights_on_hopper():
     x = torch.randn(3, 512)
     want = torch.cat([int4_gemm_ref(x, r) for r in ref], dim=-1)
     assert_close(back(x), want, torch.float32, "moved to CPU")
+
+
+@pytest.mark.gpu
+def test_int4_linear_holds_tile_order_on_hopper():
+    """On sm_90, a part with N a multiple of 16 is held in fragment and tile order
+    (``device_form``), in the layer's buffer, and computes the reference's outputs on the
+    table's kernels at M = 1, 8, 16, 64 (register mma, swapped wgmma) and 300 (dequantize),
+    also after a round trip to the CPU and back."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("fragment order is for sm_90+")
+    parts = [replace_dtype(random_weight(n, 1024, 128, seed=25 + n), torch.bfloat16)
+             for n in (1024, 256, 256)]  # fmt: skip
+    ref = [p.to("cpu") for p in parts]
+    layer = Int4Linear(parts)
+    assert layer.parts[0].tiled and layer.qweight_0 is layer.parts[0].qweight
+    assert "tiled" in repr(layer)
+    assert device_form(layer.parts[0]) is layer.parts[0]
+    for rounds in range(2):
+        for m in (1, 8, 16, 64, 300):
+            x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+            want = torch.cat([int4_gemm_ref(x.cpu().float(), r) for r in ref], dim=-1)
+            assert_close(layer(x).float().cpu(), want, torch.bfloat16, f"M={m} round {rounds}")
+        layer = layer.to("cpu").to("cuda")
+        assert layer.parts[0].tiled
 
 
 def replace_dtype(w: Int4Weight, dtype: torch.dtype) -> Int4Weight:

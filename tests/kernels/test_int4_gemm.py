@@ -15,6 +15,7 @@ from kernels.int4_gemm import (  # noqa: E402
     Int4GemmConfig,
     Int4Weight,
     dequantize_int4,
+    device_form,
     int4_gemm,
     int4_gemm_ref,
 )
@@ -458,6 +459,24 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
     assert_graph_replays(x, canon.to_frag(), canon, f"frag table M={m} N={n} K={k}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 16, 32, 64, 200, 300])
+@pytest.mark.parametrize("n, k", [(16400, 512), (1040, 8192), (4240, 1024), (2048, 1024)])
+def test_engine_word_order_table_graph_replay_bf16(m, n, k):
+    """Weights as the engine holds them on Hopper (``device_form``: fragment and tile order),
+    wide, long-K, qkv-like and o_proj-like, through their table (the register mma kernel with
+    its scales a tile ahead and words through the shared ring at small M, the swapped wgmma
+    kernel, then dequantize + cuBLAS or the large tilings) in a CUDA graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("fragment order is for sm_90+")
+    canon = random_weight(n, k, 128, seed=m + n)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    weight = device_form(canon)
+    assert weight.frag and weight.tiled
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert_graph_replays(x, weight, canon, f"engine order M={m} N={n} K={k}")
+
+
 def test_pad_rows_rule():
     """``pad_rows``: whole x tiles for the swapped kernel where the last tile reaches at least
     48 rows past M (24 without warp specialization, 96 with 128 weight rows), as measured on
@@ -505,9 +524,9 @@ def test_padded_rows_never_reach_the_output(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
 @pytest.mark.parametrize("k", [2048, 1152])  # 16 K tiles; 9 (odd: no two wgmmas in flight)
-def test_large_m_tilings_and_their_fallback(k, frag):
+def test_large_m_tilings_and_their_fallback(k, order):
     """The swapped tilings the table runs above M = 256 (``_large_config``) and the 256-row
     one of qkv-sized weights at M = 129-256 (``_NARROW_256``), on both word orders, against
     the reference, eagerly and replayed in a CUDA graph; with fp32 x (which the wgmma kernels
@@ -516,7 +535,8 @@ def test_large_m_tilings_and_their_fallback(k, frag):
         pytest.skip("the swapped wgmma kernel is for sm_90+")
     canon = random_weight(1000 + 40, k, 128, seed=k)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
-    weight = canon.to_frag() if frag else canon
+    frag = order != "canonical"
+    weight = canon.to_frag(tiled=order == "tiled") if frag else canon
     for config in (_LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN, _LARGE_WIDE, _NARROW_256):
         for m in (257, 300, 513):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

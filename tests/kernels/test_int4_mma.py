@@ -14,10 +14,9 @@ from kernels.int4_mma import (
     int4_mma,
     int4_mma_ok,
     mma_order,
-    tile_order,
     to_mma,
 )
-from kernels.int4_weight import unpack_words
+from kernels.int4_weight import tile_order, unpack_words
 from tests.kernels.test_int4_gemm import (
     assert_close,
     assert_eager_and_replayed,
@@ -156,7 +155,7 @@ TILED_CFGS = [(8, 4, 1, 2, False, 1, False, 1, False), (8, 16, 1, 1, True, 1, Fa
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", [128, 256, 1152])  # 1152 = K: per channel
+@pytest.mark.parametrize("group", [128, 384, 1152])  # 1152 = K: per channel
 @pytest.mark.parametrize("cfg", TILED_CFGS, ids=lambda c: "m{}w{}s{}d{}{}r{}x{}rw{}sc{}".format(*c))
 def test_tile_order_matches_reference(group, cfg):
     """Words in ``tile_order`` (fragment order within each tile) on both mma kernels: N =

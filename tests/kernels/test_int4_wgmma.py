@@ -178,22 +178,26 @@ FRAG_TILES = [(8, 128, 128, 1, 4, 4), (16, 64, 128, 3, 4, 4), (64, 128, 128, 1, 
               (32, 128, 128, 2, 6, 4), (128, 64, 128, 1, 3, 4)]  # fmt: skip
 
 
+@pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiled"])
 @pytest.mark.parametrize("group_size", [128, 256, 1024])  # 1024 = K: per channel
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tiles", FRAG_TILES, ids=lambda t: "x".join(map(str, t)))
-def test_swap_fragment_order_matches_reference(group_size, dtype, tiles):
+def test_swap_fragment_order_matches_reference(group_size, dtype, tiles, tiled):
     """The swapped kernel on fragment-ordered words (each lane loads its own 16 bytes of a
-    row and decodes nibble pairs (j, j + 4)), against the reference on the canonical weight;
-    masked N, splits of 3 (a short last split)."""
+    row and decodes nibble pairs (j, j + 4)), row-major or also in tile order (the TMA box
+    [block_n // 16, 16, 16] of ``_tiled_words_desc``), against the reference on the canonical
+    weight; masked N (1040: the last tile of 128 rows half past N), splits of 3 (a short last
+    split)."""
     weight = random_weight(1000 + 40, 1024, group_size, seed=group_size + 1)
-    frag = weight.to_frag()
+    frag = weight.to_frag(tiled=tiled)
     for m in (1, 5, 16, 37, 64, 130):
         x = torch.randn(m, 1024, device="cuda", dtype=dtype)
         out = int4_wgmma_swap(x, frag, *tiles)
-        assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag {tiles} M={m} g={group_size}")
+        what = f"frag tiled={tiled} {tiles} M={m} g={group_size}"
+        assert_close(out, int4_gemm_ref(x, weight), dtype, what)
     if tiles[0] >= 64:
         out = int4_wgmma_swap(x, frag, *tiles, specialized=True)
-        assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag specialized {tiles}")
+        assert_close(out, int4_gemm_ref(x, weight), dtype, f"frag specialized {tiles} {tiled}")
     with pytest.raises(ValueError, match="block_k=128"):
         int4_wgmma_swap(x, frag, 16, 64, 64)
 
@@ -292,9 +296,9 @@ def test_swap_dependent_launch_sees_a_write_that_lands_after_it(frag, mode):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("frag", [False, True], ids=["canonical", "frag"])
+@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
 @pytest.mark.parametrize("m", [1, 16, 40])
-def test_swap_weights_first_reads_x_after_the_previous_kernel(frag, m):
+def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m):
     """``pdl=3`` (``weights_first``) copies the weight's first tiles before it waits on the
     previous kernel, x's only after: with that kernel letting it start at once and writing x
     only after a long spin, the output is that of the new x, eagerly and replayed from a
@@ -303,7 +307,7 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(frag, m):
 
     late_copy = late_copy_kernel()
     weight = random_weight(1040, 2048, 128, seed=31)  # rows of scales 16-byte aligned (TMA)
-    words = weight.to_frag() if frag else weight
+    words = weight if order == "canonical" else weight.to_frag(tiled=order == "tiled")
     rows = max(8, 1 << (m - 1).bit_length())
     old_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
     new_x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
@@ -317,7 +321,7 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(frag, m):
                                                    BLOCK=4096)  # fmt: skip
         return int4_wgmma_swap(x, words, rows, 64, 128, 2, 4, 4, pdl=3)
 
-    what = f"swapped kernel, weights first, frag={frag}, M={m}"
+    what = f"swapped kernel, weights first, {order} words, M={m}"
     assert_eager_and_replayed(step, ref, what)
 
 
