@@ -343,9 +343,20 @@ def pad_rows(m: int, cfg: Int4GemmConfig) -> int:
 
 
 def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
-    """Small M on a fragment-ordered weight with N <= 8192: the register mma kernel where it
-    led the swapped kernel on the H200, else None. Its warps split K (``wsplit``), launched
-    as a programmatic dependent, 8 rows of x per program (16 above M = 8):
+    """Small M on a fragment-ordered weight: the register mma kernel where it led the swapped
+    kernel on the H200, else None. Its warps split K (``wsplit``), launched as a
+    programmatic dependent, 8 rows of x per program (16 above M = 8). Since the twenty-third
+    session (words in tile order, ``bench_int4_mma.py --frag --tiled 1``; BENCHMARKS.md),
+    us per call against the table before:
+    - wide weights (N > 8192, measured at 28672) up to M = 8: x through shared memory, 8
+      warps of two row tiles, the scales a tile ahead: 23.2 / 24.1 against 24.3 / 24.5 at
+      M = 1 / 8 (the swapped kernel);
+    - down_proj-sized weights at M <= 2 with two row tiles per warp and the scales ahead,
+      no register cap: 11.5 / 11.8 against 11.8 / 12.2; at M = 3-8 the scales ahead, no
+      cap: 12.0 / 12.2 against 12.9 / 12.7 at M = 4 / 8; at M = 9-16 the form of o_proj,
+      scaled, capped at 128: 16.1 against 18.4 at M = 16 (the swapped kernel);
+    - o_proj-sized ones at M = 9-16 scaled: 6.2 against 6.7.
+    Before that:
     - down_proj-sized weights (K >= 8192): at M <= 2 x's fragments loaded in place, 16 weight
       rows per program, one tile ahead, no split-K, 16 warps (registers capped at 64) while
       two programs per multiprocessor hold every row (N <= 4096 on the H200), else 8; at M =
@@ -381,19 +392,26 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     7.1 against 7.8 / 7.7 / 7.7 (M = 16 with row warps: 10.6 against 10.9); 4096 x 4096 at
     M = 1 / 4 / 8: 5.5 against 6.0 / 6.2 / 6.3; 14336 x 4096 at M = 4 / 8: 14.5 / 15.1
     against 15.6 / 15.7."""
-    if n > 8192:
-        return None
     smem = dict(pdl=True, weights_first=True, wsplit=True, x_smem=True)
+    if n > 8192:  # wide (gate_up): two row tiles per warp up to M = 8, measured to N = 28672
+        if m <= 8 and n <= 32768:
+            return Int4GemmConfig("mma", 8, 32, 128, 1, 8, 1, s_ahead=True, **smem)
+        return None
     two_per_sm = -(-n // 16) <= 2 * _ONE_WAVE  # programs of 16 rows, two per multiprocessor
     if k >= 8192:
         if m <= 2:
-            warps, cap = (16, 64) if two_per_sm else (8, None)
+            if two_per_sm:  # in tile order: two row tiles per warp, the scales a tile ahead
+                return Int4GemmConfig(
+                    "mma", 8, 32, 128, 1, 16, 1, pdl=True, weights_first=True, wsplit=True,
+                    s_ahead=True,
+                )  # fmt: skip
             return Int4GemmConfig(
-                "mma", 8, 16, 128, 1, warps, 1, pdl=True, weights_first=True, wsplit=True,
-                maxnreg=cap,
-            )  # fmt: skip
+                "mma", 8, 16, 128, 1, 8, 1, pdl=True, weights_first=True, wsplit=True
+            )
         if m <= 8:
-            return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, maxnreg=128, **smem)
+            return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, s_ahead=True, **smem)
+        if m <= 16:
+            return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, maxnreg=128, scaled=True, **smem)
         return None
     if m <= 8:
         if two_per_sm:  # o_proj-sized: the scales a tile ahead
@@ -404,7 +422,7 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
         )
     if m <= 16:
         if n <= 4096:
-            return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, **smem)
+            return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, scaled=True, **smem)
         return Int4GemmConfig("mma", 16, 32, 128, 1, 8, 1, row_warps=2, scaled=True, **smem)
     if m <= 32 and n <= 4096:
         return Int4GemmConfig(
@@ -425,7 +443,7 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
         return _mma_config(m, n, k) or _narrow_swap(m, n, k)
-    return _wide_swap(m, frag=True)
+    return _mma_config(m, n, k) or _wide_swap(m, frag=True)
 
 
 @functools.lru_cache(maxsize=8192)  # launchers ask on every eager call

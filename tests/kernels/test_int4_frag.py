@@ -100,9 +100,9 @@ def test_dequantizers(group_size, tiled):
 
 def test_int4_gemm_routes_fragment_order():
     """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
-    gives such weights the register mma kernel (small M on N <= 8192), the swapped wgmma
-    kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow weights) or dequantize
-    only."""
+    gives such weights the register mma kernel (M <= 16 on N <= 8192, M <= 8 wider), the
+    swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow weights) or
+    dequantize only."""
     canon = random_weight(48, 256, 128, seed=13, perm=True)
     w = canon.to_frag()
     for m in (1, 7, 300):
@@ -114,7 +114,7 @@ def test_int4_gemm_routes_fragment_order():
     for m in (1, 2, 16, 64, 65, 128, 200, 256, 257, 4096):
         for n in (4096, 28672):
             cfg = choose_config(m, n, 4096, 128, torch.device(DEVICE), frag=True)
-            if n <= 8192 and m <= 16:  # the register mma kernel, warps over K
+            if m <= (16 if n <= 8192 else 8):  # the register mma kernel, warps over K
                 assert cfg.strategy == "mma" and cfg.wsplit and cfg.split_k == 1, cfg
                 continue
             assert cfg.strategy == "dequant" if m > 256 else cfg.swap, (m, n, cfg)
