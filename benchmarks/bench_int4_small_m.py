@@ -36,6 +36,7 @@ from kernels.int4_gemm import (  # noqa: E402
     Int4GemmConfig,
     _prefetch_l2,
     choose_config,
+    device_form,
     frag_preferred,
     int4_gemm,
     int4_gemm_ref,
@@ -218,8 +219,8 @@ def time_shape(k: int, n: int) -> tuple:
         times[name] = graph_time_us(
             lambda i, c=cfg: int4_gemm(x, peers.int4[i], config=c), peers.num_int4
         )
-    if frag_preferred(w0):  # the engine holds this weight in fragment order
-        frag = [w.to_frag() for w in peers.int4]
+    if frag_preferred(w0):  # the engine holds this weight in fragment (and tile) order
+        frag = [device_form(w) for w in peers.int4]
         cfg = choose_config(1, n, k, w0.group_size, x.device, frag=True)
         times["table, fragment order"] = graph_time_us(
             lambda i: int4_gemm(x, frag[i], config=cfg), peers.num_int4
