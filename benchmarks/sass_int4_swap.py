@@ -1,5 +1,6 @@
 """Instructions per K tile and registers of the swapped Gluon INT4 kernel, compiled for sm_90
-on any machine (no GPU): canonical words against fragment-ordered ones (``Int4Weight.frag``).
+on any machine (no GPU): canonical words against fragment-ordered ones (``Int4Weight.frag``),
+row-major and in tile order (``Int4Weight.tiled``: the words' TMA box three-dimensional).
 
 Same method as ``sass_int4_mm.py`` (Triton's bundled ptxas and cuobjdump; the K loop is the
 smallest backward branch around the HGMMAs). Indicative only; to compile with the device's
@@ -163,14 +164,15 @@ def main() -> None:
         check_races()
         return
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
-        for frag in (False, True):
-            cubin = compile_swap(rows, frag)
+        for frag, tiled in ((False, False), (True, False), (True, True)):
+            cubin = compile_swap(rows, frag, tiled=tiled)
             ops = main_loop(cubin)
             regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
             top = ", ".join(f"{op} {n}" for op, n in collections.Counter(ops).most_common(8))
-            order = "fragment order" if frag else "canonical"
+            tma = sorted(set(re.findall(r"UTMALDG\S*", cuobjdump(cubin, "-sass"))))
+            order = "tile order" if tiled else "fragment order" if frag else "canonical"
             print(f"rows {rows}, {order}: {len(ops)} instructions per K tile, {regs} registers"
-                  f" ({top})")  # fmt: skip
+                  f" ({top}); TMA loads {', '.join(tma)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -383,8 +383,9 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
 
     ``s_ahead`` and ``w_ring`` (twenty-third session, ``bench_int4_latency.py``, words in
     tile order, two runs): 4096 x 4096 at M = 1 / 8 4.4-4.5 / 4.6-4.7 against 4.9 / 4.8 us;
-    4096 x 6144 at M = 1 / 8 6.1 / 6.2-6.3 against 6.3 / 6.3-6.5 (neither helped down_proj's
-    forms, nor at M = 9-32: deeper rings were slower, up to 1.4x).
+    4096 x 6144 at M = 1 / 8 6.1 / 6.2-6.3 against 6.3 / 6.3-6.5 (on down_proj's forms of
+    then neither helped, nor at M = 9-32: deeper rings were slower, up to 1.4x; the sweep
+    above found down_proj's new forms, where ``s_ahead`` comes with other changes).
 
     Measured (BENCHMARKS.md, "INT4 GEMM", fourteenth session of 2026-11-30,
     ``bench_int4_mma.py --frag --x-smem --row-tiles 1,2 --maxnreg 0,128,96,80,72 --x-stages 2

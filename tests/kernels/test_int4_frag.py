@@ -56,19 +56,28 @@ def test_layout_is_the_wgmma_fragment():
     assert torch.equal(frag_unorder(frag_order(w.qweight)), w.qweight)
 
 
+def test_tile_order_runs_of_16_rows():
+    """``tile_order``: word w of row r's K tile t lands at 256 (T (r // 16) + t) + 16 (r % 16)
+    + w (T tiles per row), every word once; N not a multiple of 16 is refused."""
+    n, k = 48, 384
+    words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32)
+    tiled = tile_order(words).reshape(-1)
+    r, t, w = torch.meshgrid(torch.arange(n), torch.arange(k // 128), torch.arange(16),
+                             indexing="ij")  # fmt: skip
+    where = 256 * ((k // 128) * (r // 16) + t) + 16 * (r % 16) + w
+    assert torch.equal(tiled[where.reshape(-1)], words[r, 16 * t + w].reshape(-1))
+    assert torch.equal(torch.sort(tiled).values, torch.sort(words.reshape(-1)).values)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tile_order(words[:40])
+
+
 def test_tile_order_layout():
-    """Tile order (``Int4Weight.tiled``): row r's 16 words of K tile t at 256 (T (r // 16) +
-    t) + 16 (r % 16) of the flat words, T tiles per row (written here from that formula, not
-    from ``tile_order``'s reshape); ``tile_unorder`` inverts it; ``to_frag(tiled=True)`` is
-    fragment order then tile order, from either order, and back."""
+    """Tile order as a weight form (``Int4Weight.tiled``; the order itself checked against
+    its formula above): ``tile_unorder`` inverts it; ``to_frag(tiled=True)`` is fragment
+    order then tile order, from either order, and back."""
     w = random_weight(48, 384, 128, seed=21).to("cpu")
     frag = frag_order(w.qweight)
     flat = tile_order(frag).reshape(-1)
-    tiles = 384 // 128
-    for r in range(48):
-        for t in range(tiles):
-            at = 256 * (tiles * (r // 16) + t) + 16 * (r % 16)
-            assert torch.equal(flat[at : at + 16], frag[r, 16 * t : 16 * t + 16]), (r, t)
     assert torch.equal(tile_unorder(tile_order(frag)), frag)
     tiled = w.to_frag(tiled=True)
     assert tiled.frag and tiled.tiled and torch.equal(tiled.qweight.reshape(-1), flat)

@@ -16,7 +16,7 @@ from kernels.int4_mma import (
     mma_order,
     to_mma,
 )
-from kernels.int4_weight import tile_order, unpack_words
+from kernels.int4_weight import unpack_words
 from tests.kernels.test_int4_gemm import (
     assert_close,
     assert_eager_and_replayed,
@@ -127,21 +127,6 @@ def test_x_through_shared_memory(dtype, group, cfg, scaled):
                    wsplit=True, row_tiles=row_tiles, x_smem=True, x_stages=x_stages,
                    row_warps=row_warps, scaled=scaled)  # fmt: skip
     assert_close(out, int4_gemm_ref(x, ref_w), dtype, f"x_smem {cfg} K=1152")
-
-
-def test_tile_order_runs_of_16_rows():
-    """``tile_order``: word w of row r's K tile t lands at 256 (T (r // 16) + t) + 16 (r % 16)
-    + w (T tiles per row), every word once; N not a multiple of 16 is refused."""
-    n, k = 48, 384
-    words = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), dtype=torch.int32)
-    tiled = tile_order(words).reshape(-1)
-    r, t, w = torch.meshgrid(torch.arange(n), torch.arange(k // 128), torch.arange(16),
-                             indexing="ij")  # fmt: skip
-    where = 256 * ((k // 128) * (r // 16) + t) + 16 * (r % 16) + w
-    assert torch.equal(tiled[where.reshape(-1)], words[r, 16 * t + w].reshape(-1))
-    assert torch.equal(torch.sort(tiled).values, torch.sort(words.reshape(-1)).values)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        tile_order(words[:40])
 
 
 # (block_m, warps, split_k, depth, wsplit, row_tiles, x_smem, row_warps, scaled): the in-place
