@@ -145,11 +145,34 @@ def print_best(results: list[tuple], label: str, key) -> None:
     print(f"  best per {label}: " + ", ".join(f"{v}: {t:.1f} us" for v, t in best.items()))
 
 
-def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) -> list[tuple]:
+def distinct(cands: list[dict]) -> list[dict]:
+    """``cands`` without repeats of one launch: ``s_ahead`` does nothing with ``scaled``
+    (``int4_mma`` drops it there), so such a pair is kept once, as ``s_ahead=False``."""
+    seen, out = set(), []
+    for c in cands:
+        c = dict(c, s_ahead=c.get("s_ahead", False) and not c.get("scaled", False))
+        key = tuple(sorted((a, repr(v)) for a, v in c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def run_shape(
+    k: int,
+    n: int,
+    rows: list[int],
+    top: int,
+    frag: bool,
+    shard: tuple[int, int] | None = None,
+    **space,
+) -> list[tuple]:
     """Time bf16, the table and every candidate on one shape; print the best ``top`` per M.
     ``frag``: the kernel reads fragment-ordered words in place (x in 4-byte pairs) instead of
     ``mma_order``, on the short candidate list; ``space``: the sweep's axes, as
-    ``candidates`` takes them."""
+    ``candidates`` takes them. ``shard`` (i, n): only compile and run every n-th candidate
+    from the i-th, untimed (``--compile-only``: several processes fill Triton's cache on
+    disk at once, and the timed run that follows finds every kernel there)."""
     row_tiles, row_warps = space.get("row_tiles", (1,)), space.get("row_warps", (1,))
     peers = Peers(k, n, with_torch=False)
     tiled_axis = space.pop("tiled", (False,))
@@ -159,11 +182,18 @@ def run_shape(k: int, n: int, rows: list[int], top: int, frag: bool, **space) ->
     summary = []
     for m in rows:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        cands = distinct([dict(c, tiled=t) for c in candidates(m, frag, **space)
+                          for t in tiled_axis])  # fmt: skip
+        if shard is not None:
+            for cfg in cands[shard[0] :: shard[1]]:
+                call = {a: v for a, v in cfg.items() if a != "tiled"}
+                int4_mma(x, forms[cfg["tiled"]][0], **call)
+            torch.cuda.synchronize()
+            continue
         ref = int4_gemm_ref(x, ref_w).float()
         t_bf16 = peers.time_bf16(x)
         t_table = graph_time_us(lambda i, x=x: int4_gemm(x, peers.int4[i]), peers.num_int4)
         results = []
-        cands = [dict(c, tiled=t) for c in candidates(m, frag, **space) for t in tiled_axis]
         for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
             call = {a: v for a, v in cfg.items() if a != "tiled"}
             mma = forms[cfg["tiled"]]
@@ -255,6 +285,12 @@ def main() -> None:
     parser.add_argument("--tiled", default="0", help="words in tile_order: 0, 1 or 0,1")
     parser.add_argument("--s-ahead", default="0", help="scales loaded a tile ahead: 0, 1, 0,1")
     parser.add_argument("--w-ring", default="0", help="--x-smem: words in x's ring: 0, 1, 0,1")
+    parser.add_argument(
+        "--compile-only",
+        metavar="I/N",
+        help="compile and run every N-th candidate from the I-th, untimed, to fill Triton's "
+        "cache for a timed run (start N such processes at once)",
+    )
     args = parser.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     space = dict(
@@ -277,10 +313,13 @@ def main() -> None:
         for k, n in shapes:
             run_parts(k, n, rows, args.pdl)
         return
+    shard = tuple(int(v) for v in args.compile_only.split("/")) if args.compile_only else None
     summary = []
-    for k, n in tqdm(shapes, desc="shapes"):
-        summary += run_shape(k, n, rows, args.top, args.frag, **space)
+    for k, n in tqdm(shapes, desc="shapes", disable=shard is not None):
+        summary += run_shape(k, n, rows, args.top, args.frag, shard, **space)
         torch.cuda.empty_cache()
+    if shard is not None:
+        return
     print(
         "\n| K x N | M | bf16 us | table us | mma us (best) | bf16 / table | bf16 / mma | "
         "worst rel. error | best config |"

@@ -350,7 +350,10 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     us per call against the table before:
     - wide weights (N > 8192, measured at 28672) up to M = 8: x through shared memory, 8
       warps of two row tiles, the scales a tile ahead: 23.2 / 24.1 against 24.3 / 24.5 at
-      M = 1 / 8 (the swapped kernel);
+      M = 1 / 8 (the swapped kernel); since the twenty-fourth session 4 such warps (each
+      warp's K range twice as long): 20.0-20.3 / 21.4-21.8 against 23.0-23.2 / 23.7-24.0 at
+      M = 1 / 8 in two sweeps (2 warps, 1 or 4 row tiles, 3 stages of x and split-K 2 were
+      slower; so were 4 warps on the narrow weights and on the wide one at M = 16);
     - down_proj-sized weights at M <= 2 with two row tiles per warp and the scales ahead,
       no register cap: 11.5 / 11.8 against 11.8 / 12.2; at M = 3-8 the scales ahead, no
       cap: 12.0 / 12.2 against 12.9 / 12.7 at M = 4 / 8; at M = 9-16 the form of o_proj,
@@ -394,9 +397,9 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     M = 1 / 4 / 8: 5.5 against 6.0 / 6.2 / 6.3; 14336 x 4096 at M = 4 / 8: 14.5 / 15.1
     against 15.6 / 15.7."""
     smem = dict(pdl=True, weights_first=True, wsplit=True, x_smem=True)
-    if n > 8192:  # wide (gate_up): two row tiles per warp up to M = 8, measured to N = 28672
+    if n > 8192:  # wide (gate_up): 4 warps of two row tiles up to M = 8, measured to N = 28672
         if m <= 8 and n <= 32768:
-            return Int4GemmConfig("mma", 8, 32, 128, 1, 8, 1, s_ahead=True, **smem)
+            return Int4GemmConfig("mma", 8, 32, 128, 1, 4, 1, s_ahead=True, **smem)
         return None
     two_per_sm = -(-n // 16) <= 2 * _ONE_WAVE  # programs of 16 rows, two per multiprocessor
     if k >= 8192:

@@ -388,7 +388,8 @@ def test_table_runs_fragment_order_on_mma_at_small_m():
     for m, n, k, mma in [(1, 6144, 4096, True), (8, 6144, 4096, True), (16, 6144, 4096, True),
                          (17, 6144, 4096, False), (17, 2056, 1024, True), (2, 4096, 14336, True),
                          (8, 4096, 14336, True), (9, 4096, 14336, False),
-                         (33, 2056, 1024, False), (1, 28672, 4096, False)]:  # fmt: skip
+                         (33, 2056, 1024, False), (1, 28672, 4096, True),
+                         (8, 28672, 4096, True), (9, 28672, 4096, False)]:  # fmt: skip
         assert (choose_config(m, n, k, 128, cuda, frag=True).strategy == "mma") == mma, (m, n, k)
     ref_k = random_weight(520, 8192, 128, seed=24)  # K >= 8192: split-K 2 through smem at M = 5
     cfg = choose_config(5, 520, 8192, 128, cuda, frag=True)
