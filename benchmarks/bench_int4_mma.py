@@ -12,6 +12,8 @@ that exceed L2, median time per call).
     python3 benchmarks/bench_int4_mma.py --parts --rows 1 [--pdl]   # where the time goes
     python3 benchmarks/bench_int4_mma.py --frag --x-smem --launch first --tiled 0,1 --rows 1,8
         # words in tile_order (each 16 rows x 128 K one 1 KB run) against row-major
+    for i in 0 1 2; do python3 benchmarks/bench_int4_mma.py ARGS --compile-only $i/3 & done; \
+        wait; python3 benchmarks/bench_int4_mma.py ARGS   # compiled in parallel, then timed
 
 ``--parts`` times, per split-K count, the kernel whole, without its split-K reduction (each
 split stores its partial over the others': ``int4_mma(..., parts=1)``) and without its math
