@@ -327,15 +327,14 @@ def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
 @gluon.jit
 def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, bars, kt,
                      num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                     GROUP_TILES: gl.constexpr, PART: gl.constexpr = 0, g=-1):  # fmt: skip
+                     GROUP_TILES: gl.constexpr, PART: gl.constexpr = 0):  # fmt: skip
     """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
-    slot kt % NUM_STAGES (g % NUM_STAGES where the ring's count g is given: the persistent
-    form) (the scales by TMA too: a global load in the loop would hold up the
+    slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
     proxy fence before every refill). PART 1 expects the whole stage's bytes but copies only
     the weight's (words, scales, offsets), PART 2 then only x's: the slot's barrier completes
     once both have landed (``weights_first``)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    slot = kt % NUM_STAGES if g == -1 else g % NUM_STAGES
+    slot = kt % NUM_STAGES
     pred = kt < num_k
     bar = bars.index(slot)
     nbytes: gl.constexpr = (
@@ -428,17 +427,13 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
                    empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
                    SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, num_warps: gl.constexpr,
-                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False, base=0):  # fmt: skip
+                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False):  # fmt: skip
     """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
     1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
     it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
-    empty barrier. ``base`` (``SPECIALIZED`` only): the ring's count of K tiles before this
-    tile's first (the persistent form's earlier tiles); K tile kt is in slot (base + kt) %
-    NUM_STAGES. With two wgmmas in flight the tile's last slot is handed back at the next
-    tile's first wait (as ``base + kt - 1``), after this tile's epilogue. ``PARTS`` (not
-    SPECIALIZED; for ``benchmarks/bench_int4_parts.py``): 1 runs the TMA ring and each tile's
-    wgmma on an operand of ones instead of the decoded weight (acc = the sums of x's rows), 2
-    the ring alone (acc = 0)."""
+    empty barrier. ``PARTS`` (not SPECIALIZED; for ``benchmarks/bench_int4_parts.py``): 1
+    runs the TMA ring and each tile's wgmma on an operand of ones instead of the decoded
+    weight (acc = the sums of x's rows), 2 the ring alone (acc = 0)."""
     dtype: gl.constexpr = x_desc.dtype
     IS_BF16: gl.constexpr = dtype == gl.bfloat16
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
@@ -468,7 +463,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
                              ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
                              GROUP_TILES)  # fmt: skip
         return (acc,)
-    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, base, sel, a_layout, q_layout, S_LAYOUT,
+    a = _decode_step(q_bufs, s_bufs, o_bufs, ready, 0, sel, a_layout, q_layout, S_LAYOUT,
                      NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
     if PIPE:
         # Two wgmmas in flight, over pairs of K tiles (num_k even): tile kt is issued, the
@@ -483,33 +478,32 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         a1 = a
         for kp in range(num_k // 2):
             kt = 2 * kp
-            acc = warpgroup_mma(a0, x_bufs.index((base + kt) % NUM_STAGES).permute((1, 0)),
-                                acc, is_async=True)  # fmt: skip
+            acc = warpgroup_mma(a0, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
             acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                          empty, base + kt - 1, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                          GROUP_TILES, SPECIALIZED)  # fmt: skip
-            a1 = _decode_step(q_bufs, s_bufs, o_bufs, ready, base + kt + 1, sel, a_layout,
-                              q_layout, S_LAYOUT, NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
-            acc = warpgroup_mma(a1, x_bufs.index((base + kt + 1) % NUM_STAGES).permute((1, 0)),
-                                acc, is_async=True)  # fmt: skip
+                          empty, kt - 1, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          SPECIALIZED)  # fmt: skip
+            a1 = _decode_step(q_bufs, s_bufs, o_bufs, ready, kt + 1, sel, a_layout, q_layout,
+                              S_LAYOUT, NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
+            acc = warpgroup_mma(a1, x_bufs.index((kt + 1) % NUM_STAGES).permute((1, 0)), acc,
+                                is_async=True)  # fmt: skip
             acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                          empty, base + kt, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                          GROUP_TILES, SPECIALIZED)  # fmt: skip
+                          empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                          SPECIALIZED)  # fmt: skip
             # the last pair decodes its own last tile again (never refilled) instead of past K
-            a0 = _decode_step(q_bufs, s_bufs, o_bufs, ready, base + gl.minimum(kt + 2, num_k - 1),
-                              sel, a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
+            a0 = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 2, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
                               FRAG)  # fmt: skip
         acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a0, a1))
         return (acc,)
     for kt in range(num_k):
-        acc = warpgroup_mma(a, x_bufs.index((base + kt) % NUM_STAGES).permute((1, 0)), acc,
-                            is_async=True)  # fmt: skip
+        acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
         # the next tile (the last one again at the end: its slot is never refilled) is decoded
         # while the tensor cores multiply this one
-        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, base + gl.minimum(kt + 1, num_k - 1),
-                              sel, a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
+        a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
+                              a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
                               FRAG)  # fmt: skip
         # The wgmma reads ``a`` from registers asynchronously: ``a`` (the very value it was
         # given) stays live until this wait, so the decode above cannot reuse its registers.
@@ -517,7 +511,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         # every warp is past its wait and has read its words of tile kt (decoded one step
         # earlier) before the slot is refilled with tile kt + NUM_STAGES
         _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, base + kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                      empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
                       SPECIALIZED)  # fmt: skip
         a = a_next
     return (acc,)
@@ -534,55 +528,6 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
         _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                          kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
-
-
-@gluon.jit
-def _persistent_tile(tile, num_pid_n, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr):
-    """(off_n, off_m) of output tile ``tile``, weight rows fastest (as the one-tile grid)."""
-    return (tile % num_pid_n) * BLOCK_N, (tile // num_pid_n) * BLOCK_M
-
-
-@gluon.jit
-def _swap_persistent_consumer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                              ready, empty, num_k, num_tiles, num_pid_n, out_ptr, M, N,
-                              stride_out_m, L3: gl.constexpr, S_LAYOUT: gl.constexpr,
-                              GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
-                              FRAG: gl.constexpr, num_warps: gl.constexpr,
-                              PIPE: gl.constexpr):  # fmt: skip
-    """The decoding warps of the persistent form: tiles pid, pid + programs, ..., each its
-    main loop over the ring as it counts on (``base``), then its store; meanwhile the producer
-    warp fills the freed slots with the next tile's first K tiles."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = s_desc.block_type.shape[1]
-    base = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_n, off_m = _persistent_tile(tile, num_pid_n, BLOCK_N, BLOCK_M)
-        (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                                ready, empty, num_k, 0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES,
-                                NUM_STAGES, True, FRAG, num_warps, 0, PIPE, base)  # fmt: skip
-        _swap_epilogue(acc, out_ptr, out_ptr, out_ptr, tile, 0, 1, M, N, off_m, off_n,
-                       stride_out_m, 0)  # fmt: skip
-        base += num_k
-    return (base,)
-
-
-@gluon.jit
-def _swap_persistent_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                              ready, empty, num_k, num_tiles, num_pid_n,
-                              NUM_STAGES: gl.constexpr, GROUP_TILES: gl.constexpr):  # fmt: skip
-    """The TMA warp of the persistent form: the same tiles in the same order, the ring's
-    count g running on across them."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = s_desc.block_type.shape[1]
-    g = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_n, off_m = _persistent_tile(tile, num_pid_n, BLOCK_N, BLOCK_M)
-        for kt in range(num_k):
-            mbarrier.wait(empty.index(g % NUM_STAGES), ((g // NUM_STAGES) & 1) ^ 1)
-            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, kt, num_k, 0, off_m, off_n, NUM_STAGES, GROUP_TILES, 0,
-                             g)  # fmt: skip
-            g += 1
 
 
 @gluon.jit
@@ -612,7 +557,6 @@ def _int4_wgmma_swap_kernel(
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
     PDL: gl.constexpr = 0,  # programmatic dependent launch form (``int4_wgmma_swap``'s pdl)
-    PERSIST: gl.constexpr = False,  # SPECIALIZED, one split: programs loop over the tiles
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -646,25 +590,6 @@ def _int4_wgmma_swap_kernel(
         empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(empty.index(i), count=1)
-        if PERSIST:
-            num_tiles = num_pid_n * gl.cdiv(M, BLOCK_M)
-            gl.warp_specialize(
-                [
-                    (_swap_persistent_consumer,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, num_k, num_tiles, num_pid_n, out_ptr, M, N, stride_out_m, L3,
-                      S_LAYOUT, GROUP_TILES, NUM_STAGES, FRAG, num_warps, PIPE)),
-                    (_swap_persistent_producer,
-                     (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
-                      empty, num_k, num_tiles, num_pid_n, NUM_STAGES, GROUP_TILES)),
-                ],
-                [1],
-                [40],
-            )  # fmt: skip
-            for i in gl.static_range(NUM_STAGES):
-                mbarrier.invalidate(empty.index(i))
-                mbarrier.invalidate(ready.index(i))
-            return
         (acc,) = gl.warp_specialize(
             [
                 (_swap_mainloop,
@@ -716,12 +641,6 @@ def _tiled_words_desc(qweight: torch.Tensor, block_n: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(
         view, box, gl.NVMMASharedLayout.get_default_for(box, gl.int32)
     )
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (looked up once: the launcher asks on every call)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -871,7 +790,6 @@ def int4_wgmma_swap(
     pipe: bool = False,
     pdl: int = 0,
     maxnreg: int | None = None,
-    persistent: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -894,11 +812,7 @@ def int4_wgmma_swap(
     "INT4 GEMM", eleventh session), 3 as 2 and its first ``num_stages`` tiles of the weight
     (words, scales, offsets) copied before the wait, x's after it (``weights_first``: the
     weight is read-only, ``kernels.pdl``; not with ``specialized``). ``maxnreg`` caps the
-    registers per thread (ptxas spills the rest; its schedule changes with the cap).
-    ``persistent`` (with ``specialized``, one split, no ``pdl``): one program per
-    multiprocessor (fewer where there are fewer tiles), each looping over the tiles pid,
-    pid + programs, ...; the producer warp's ring counts on across them, so it copies the next
-    tile's first K tiles while the decoding warps finish and store this one."""
+    registers per thread (ptxas spills the rest; its schedule changes with the cap)."""
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
         raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool
@@ -920,11 +834,6 @@ def int4_wgmma_swap(
     num_tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
     last_tiles = _cdiv(k - (num_splits - 1) * k_per_split, block_k)
     pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
-    if persistent and not (specialized and num_splits == 1 and not pdl):
-        raise ValueError(
-            "persistent needs specialized=True, one split and pdl=0, got "
-            f"specialized={specialized}, {num_splits} splits, pdl={pdl}"
-        )
     # the weight's descriptors, built once per tiling (``Int4Weight.memo``)
     descs = weight.memo.get(("swap", block_n, block_k))
     if descs is None:
@@ -945,7 +854,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg, weight.tiled, persistent)  # fmt: skip
+           pdl, maxnreg, weight.tiled)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -973,12 +882,10 @@ def int4_wgmma_swap(
         "PARTS": parts,
         "PIPE": pipe,
         "PDL": pdl,
-        "PERSIST": persistent,
     }
     if pdl:
         args["launch_pdl"] = True
     if maxnreg:
         args["maxnreg"] = maxnreg
-    grid = (min(num_tiles, _sm_count(x.device)) if persistent else num_tiles, num_splits)
-    _SWAP_LAUNCH(grid, key, **args, num_warps=num_warps)
+    _SWAP_LAUNCH((num_tiles, num_splits), key, **args, num_warps=num_warps)
     return out.to(x.dtype) if mode == 1 else out

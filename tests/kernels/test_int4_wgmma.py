@@ -233,44 +233,6 @@ def test_swap_two_wgmmas_in_flight(tiles, frag, specialized):
         int4_wgmma_swap(x, words, 16, 64, 128, 1, 3, 4, pdl=4)
 
 
-# The persistent form: (tiles, pipe); 128 x 64 tiles two per program on the H200's 132
-# multiprocessors at M = 512 and N = 4176 (a partial last tile of rows), 256 x 128 ones.
-PERSIST_TILES = [((128, 64, 128, 1, 4, 4), False), ((128, 64, 128, 1, 3, 4), True),
-                 ((256, 128, 128, 1, 3, 8), True), ((256, 64, 128, 1, 3, 4), True)]  # fmt: skip
-
-
-@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
-@pytest.mark.parametrize("case", PERSIST_TILES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1]))
-def test_swap_persistent_loops_over_tiles(case, order):
-    """``persistent``: one program per multiprocessor, each looping over its tiles with the
-    ring counting on across them. Bitwise the output of the one-tile-per-program grid (the
-    same products in the same order per tile), and the reference's, where programs take one,
-    two or more tiles (a partial last one in M and in N), fp16 too, and replayed from a CUDA
-    graph; bad combinations raise."""
-    tiles, pipe = case
-    weight = random_weight(4176, 512, 128, seed=29)
-    words = {"canonical": weight, "frag": weight.to_frag(),
-             "tiled": weight.to_frag(tiled=True)}[order]  # fmt: skip
-    for m, dtype in ((300, torch.bfloat16), (512, torch.bfloat16), (1100, torch.float16)):
-        x = torch.randn(m, 512, device="cuda", dtype=dtype)
-        out = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe, persistent=True)
-        assert_close(out, int4_gemm_ref(x, weight), dtype, f"persistent {tiles} M={m}")
-        grid = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe)
-        assert torch.equal(out, grid), f"persistent {tiles} M={m}: differs from the grid"
-    x = torch.randn(700, 512, device="cuda", dtype=torch.bfloat16)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe, persistent=True)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, "persistent, graph replay")
-    for bad in (dict(specialized=False), dict(split_k=2), dict(pdl=1)):
-        args = dict(zip(("block_m", "block_n", "block_k", "split_k", "num_stages", "num_warps"),
-                        tiles, strict=True), specialized=True, persistent=True)  # fmt: skip
-        with pytest.raises(ValueError, match="persistent needs"):
-            int4_wgmma_swap(x, words, **{**args, **bad})
-
-
 # Launched as a programmatic dependent (``pdl``): (tiles, frag, specialized, pipe, group).
 PDL_CASES = [((8, 64, 128, 4, 4, 4), False, False, False, 128),
              ((16, 64, 128, 3, 4, 4), True, False, False, 256),  # a short last split
