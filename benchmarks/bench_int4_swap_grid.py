@@ -1,0 +1,166 @@
+"""The table's swapped wgmma config at one M with its grid and ring varied (split-K, ring
+stages, register cap, warp specialization, two wgmmas in flight, weight rows per program,
+the weight's first tiles issued before the wait on the previous kernel),
+in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies that exceed L2,
+median time per call), beside bf16 cuBLAS, on the engine's word order.
+
+    python3 benchmarks/bench_int4_swap_grid.py [--shapes 4096x6144,...] [--rows 32,64] \
+        [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128]
+    for i in 0 1 2 3; do python3 benchmarks/bench_int4_swap_grid.py ARGS --compile-only $i/4 & \
+        done; wait; python3 benchmarks/bench_int4_swap_grid.py ARGS   # compiled in parallel
+
+Where the table runs another kernel at that M (the register mma kernel), the base is the
+swapped kernel's own tiling for it (``_narrow_swap`` / ``_wide_swap``). The point of the
+axes: the table's grids at M = 32-64 leave multiprocessors idle or run one 4-warp program
+per multiprocessor (qkv at M = 64: 96 programs of 64 weight rows on 132 multiprocessors,
+registers capped at 200, so two programs cannot share one); a split of 4 with 3 stages and at
+most 168 registers runs three programs of a fuller grid on every multiprocessor. Each output
+is checked against the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
+
+from kernels.int4_gemm import _launch, int4_gemm_ref  # noqa: E402
+from kernels.int4_gemm_config import (  # noqa: E402
+    Int4GemmConfig,
+    _narrow_swap,
+    _wide_swap,
+    choose_config,
+)
+
+
+def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
+    """The table's config if it is the swapped wgmma kernel, else that kernel's own tiling."""
+    cfg = choose_config(m, n, k, group, device, frag=True)
+    if cfg.strategy == "wgmma" and cfg.swap:
+        return cfg
+    return _narrow_swap(m, n, k) if n <= 8192 else _wide_swap(m, frag=True)
+
+
+def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
+    """Every valid combination of the axes, the base first."""
+    out = [base]
+    for split, stages, cap, spec, pipe, block_n, first in itertools.product(
+        args.splits,
+        args.stages,
+        args.caps,
+        (False, True),
+        (False, True),
+        args.block_n,
+        (False, True),
+    ):
+        warps = 8 if block_n == 128 and base.block_m >= 64 else 4
+        if first and spec:  # weights_first is the plain form's
+            continue
+        try:
+            cfg = dataclasses.replace(
+                base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
+                pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
+                pdl=first or (base.pdl and not base.weights_first),
+            )  # fmt: skip
+        except ValueError:  # pipe with fewer than 3 stages
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def short(cfg: Int4GemmConfig, base: Int4GemmConfig) -> str:
+    """The fields where ``cfg`` differs from ``base``."""
+    diff = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if getattr(cfg, f.name) != getattr(base, f.name)
+    }
+    return ", ".join(f"{a}={v}" for a, v in diff.items()) or "the base"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    parser.add_argument("--rows", default="32,64")
+    parser.add_argument("--splits", default="1,2,4")
+    parser.add_argument("--stages", default="2,3,4")
+    parser.add_argument("--caps", default="0,168")
+    parser.add_argument("--block-n", default="64,128")
+    parser.add_argument("--top", type=int, default=4)
+    parser.add_argument("--compile-only", default=None, help="I/N: every N-th variant, untimed")
+    args = parser.parse_args()
+    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    args.splits, args.stages, args.caps, args.block_n = map(
+        ints, (args.splits, args.stages, args.caps, args.block_n)
+    )
+    shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    table = []
+    for k, n in shapes:
+        peers = Peers(k, n, with_torch=False)
+        w0 = peers.int4[0]
+        for m in ints(args.rows):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            base = base_config(m, n, k, w0.group_size, x.device)
+            cands = variants(base, args)
+            if shard is not None:
+                for cfg in cands[shard[0] :: shard[1]]:
+                    try:
+                        _launch(x, w0, cfg)
+                    except Exception:  # noqa: BLE001 - the timed run reports it
+                        pass
+                torch.cuda.synchronize()
+                continue
+            ref = int4_gemm_ref(x, w0).float()
+            t_bf16 = peers.time_bf16(x)
+            table_cfg = choose_config(m, n, k, w0.group_size, x.device, frag=True)
+            t_table = graph_time_us(lambda i, x=x, w=peers.int4, c=table_cfg: _launch(x, w[i], c),
+                                    peers.num_int4)  # fmt: skip
+            results = []
+            for cfg in tqdm(cands, desc=f"{k}x{n} M={m}", leave=False):
+                try:
+                    out = _launch(x, w0, cfg).float()
+                except (PTXASError, OutOfResources):
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
+                    print(f"  {short(cfg, base)} failed: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                err = ((out - ref).norm() / ref.norm()).item()
+                t = graph_time_us(lambda i, c=cfg, x=x, w=peers.int4: _launch(x, w[i], c),
+                                  peers.num_int4)  # fmt: skip
+                results.append((t, err, cfg))
+            t_base = next(t for t, _, c in results if c == base)
+            results.sort(key=lambda r: r[0])
+            print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us, swapped "
+                  f"base {t_base:.1f} us: {base}")  # fmt: skip
+            for t, err, cfg in results[: args.top]:
+                print(f"  {t:.1f} us ({t_bf16 / t:.2f}x of bf16) err {err:.1e}: {short(cfg, base)}")
+            worst = max(e for _, e, _ in results)
+            best_t, _, best = results[0]
+            table.append((k, n, m, t_bf16, t_table, t_base, best_t, worst, short(best, base)))
+        peers = w0 = None  # the copies go before the next shape's
+        torch.cuda.empty_cache()
+    if shard is not None:
+        return
+    print("\n| K x N | M | bf16 us | table us | swapped base us | best us | bf16 / best | "
+          "worst rel. error | best: its change from the base |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k, n, m, t_bf16, t_table, t_base, best_t, worst, desc in table:
+        print(f"| {k} x {n} | {m} | {t_bf16:.1f} | {t_table:.1f} | {t_base:.1f} | {best_t:.1f} | "
+              f"{t_bf16 / best_t:.2f}x | {worst:.1e} | {desc} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
