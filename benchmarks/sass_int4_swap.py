@@ -48,7 +48,6 @@ def compile_swap(
     pipe: bool = False,
     pdl: int = 0,
     tiled: bool = False,
-    stage_bars: int = 4,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -85,7 +84,6 @@ def compile_swap(
         "PARTS": 0,
         "PIPE": pipe,
         "PDL": pdl,
-        "STAGE_BARS": stage_bars,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel

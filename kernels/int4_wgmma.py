@@ -305,14 +305,6 @@ def _load_row(buf, layout: gl.constexpr, row_layout: gl.constexpr):
 
 
 @gluon.jit
-def _wait_slot(bars, slot, phase):
-    """Wait until ring slot ``slot``'s copies have landed (phase ``phase``): ``bars`` is a tuple of
-    barrier arrays, one for the whole stage or one per copy (``_load_swap_stage``)."""
-    for i in gl.static_range(len(bars)):
-        mbarrier.wait(bars[i].index(slot), phase)
-
-
-@gluon.jit
 def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
                  q_layout: gl.constexpr, s_layout: gl.constexpr, NUM_STAGES: gl.constexpr,
                  IS_BF16: gl.constexpr, FRAG: gl.constexpr):  # fmt: skip
@@ -320,7 +312,7 @@ def _decode_step(q_bufs, s_bufs, o_bufs, bars, kt, sel, a_layout: gl.constexpr,
     wgmma A fragment (``_decode_fragment``, or ``_decode_frag`` for fragment-ordered words)."""
     dtype: gl.constexpr = gl.bfloat16 if IS_BF16 else gl.float16
     slot = kt % NUM_STAGES
-    _wait_slot(bars, slot, (kt // NUM_STAGES) & 1)
+    mbarrier.wait(bars.index(slot), (kt // NUM_STAGES) & 1)
     row_layout: gl.constexpr = gl.SliceLayout(1, q_layout)
     q = q_bufs.index(slot).load(q_layout)
     s = _load_row(s_bufs.index(slot), s_layout, row_layout).to(dtype)
@@ -338,58 +330,35 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
                      GROUP_TILES: gl.constexpr, PART: gl.constexpr = 0):  # fmt: skip
     """TMA of K tile ``k_tile0 + kt`` (if kt < num_k) and its scale and offset rows into ring
     slot kt % NUM_STAGES (the scales by TMA too: a global load in the loop would hold up the
-    proxy fence before every refill). PART 1 copies only the weight's part of the stage
-    (words, scales, offsets), PART 2 then only x's (``weights_first``).
-
-    ``bars``: a tuple of one barrier array (the whole stage's bytes on one barrier) or of four
-    (x, words, scales, offsets, each copy on its own barrier). Triton 3.6's shared-memory
-    barrier analysis counts each copy as a write to its barrier's array, so four copies on
-    one barrier take a CTA-wide ``bar.sync`` before each of them and the expect (five per
-    stage); with four arrays the expects go first and one sync precedes the copies."""
+    proxy fence before every refill). PART 1 expects the whole stage's bytes but copies only
+    the weight's (words, scales, offsets), PART 2 then only x's: the slot's barrier completes
+    once both have landed (``weights_first``)."""
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     slot = kt % NUM_STAGES
     pred = kt < num_k
+    bar = bars.index(slot)
+    nbytes: gl.constexpr = (
+        x_desc.block_type.nbytes
+        + qw_desc.block_type.nbytes
+        + s_desc.block_type.nbytes
+        + o_desc.block_type.nbytes
+    )
     k = (k_tile0 + kt) * BLOCK_K
     row = 0 if GROUP_TILES == 0 else (k_tile0 + kt) // GROUP_TILES
-    if len(qw_desc.block_type.shape) == 3:  # words in tile order (``_tiled_words_desc``)
-        q_dst = q_bufs.index(slot)._reinterpret(gl.int32, qw_desc.block_type.shape, qw_desc.layout)
-        q_at = [off_n // 16, k // 8, 0]
-    else:
-        q_dst = q_bufs.index(slot)
-        q_at = [off_n, k // 8]
-    if len(bars) == 1:
-        bar = bars[0].index(slot)
-        nbytes: gl.constexpr = (
-            x_desc.block_type.nbytes
-            + qw_desc.block_type.nbytes
-            + s_desc.block_type.nbytes
-            + o_desc.block_type.nbytes
-        )
-        if PART != 2:
-            mbarrier.expect(bar, nbytes, pred=pred)
-        if PART != 1:
-            tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
-        if PART != 2:
-            tma.async_copy_global_to_shared(qw_desc, q_at, bar, q_dst, pred)
-            tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
-            tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
-    else:
-        bx = bars[0].index(slot)
-        bq = bars[1].index(slot)
-        bs = bars[2].index(slot)
-        bo = bars[3].index(slot)
-        if PART != 1:
-            mbarrier.expect(bx, x_desc.block_type.nbytes, pred=pred)
-        if PART != 2:
-            mbarrier.expect(bq, qw_desc.block_type.nbytes, pred=pred)
-            mbarrier.expect(bs, s_desc.block_type.nbytes, pred=pred)
-            mbarrier.expect(bo, o_desc.block_type.nbytes, pred=pred)
-        if PART != 1:
-            tma.async_copy_global_to_shared(x_desc, [off_m, k], bx, x_bufs.index(slot), pred)
-        if PART != 2:
-            tma.async_copy_global_to_shared(qw_desc, q_at, bq, q_dst, pred)
-            tma.async_copy_global_to_shared(s_desc, [row, off_n], bs, s_bufs.index(slot), pred)
-            tma.async_copy_global_to_shared(o_desc, [row, off_n], bo, o_bufs.index(slot), pred)
+    if PART != 2:
+        mbarrier.expect(bar, nbytes, pred=pred)
+    if PART != 1:
+        tma.async_copy_global_to_shared(x_desc, [off_m, k], bar, x_bufs.index(slot), pred)
+    if PART != 2:
+        if len(qw_desc.block_type.shape) == 3:  # words in tile order (``_tiled_words_desc``)
+            q_dst = q_bufs.index(slot)._reinterpret(
+                gl.int32, qw_desc.block_type.shape, qw_desc.layout
+            )
+            tma.async_copy_global_to_shared(qw_desc, [off_n // 16, k // 8, 0], bar, q_dst, pred)
+        else:
+            tma.async_copy_global_to_shared(qw_desc, [off_n, k // 8], bar, q_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(s_desc, [row, off_n], bar, s_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(o_desc, [row, off_n], bar, o_bufs.index(slot), pred)
 
 
 @gluon.jit
@@ -484,7 +453,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
     if PARTS != 0:  # measurement only (``PARTS``): no decode
         ones = gl.full([BLOCK_N, x_desc.block_type.shape[1]], 1.0, dtype, layout=a_layout)
         for kt in range(num_k):
-            _wait_slot(ready, kt % NUM_STAGES, (kt // NUM_STAGES) & 1)
+            mbarrier.wait(ready.index(kt % NUM_STAGES), (kt // NUM_STAGES) & 1)
             if PARTS == 1:
                 x_tile = x_bufs.index(kt % NUM_STAGES).permute((1, 0))
                 acc = warpgroup_mma(ones, x_tile, acc, is_async=True)
@@ -562,22 +531,6 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 
 
 @gluon.jit
-def _ring_barriers(NUM_STAGES: gl.constexpr, ARRAYS: gl.constexpr):
-    """A tuple of ARRAYS arrays of a ring's NUM_STAGES barriers, initialised (one arrival
-    each). Slot i of every array is set up before slot i + 1 of any: the barrier analysis
-    puts a CTA-wide sync between two operations on one array (not between arrays)."""
-    bars = (gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout()),)
-    for _ in gl.static_range(ARRAYS - 1):
-        bars = bars + (
-            gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout()),
-        )
-    for i in gl.static_range(NUM_STAGES):
-        for j in gl.static_range(ARRAYS):
-            mbarrier.init(bars[j].index(i), count=1)
-    return bars
-
-
-@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8] (or in tile order)
@@ -604,7 +557,6 @@ def _int4_wgmma_swap_kernel(
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
     PDL: gl.constexpr = 0,  # programmatic dependent launch form (``int4_wgmma_swap``'s pdl)
-    STAGE_BARS: gl.constexpr = 4,  # barriers per ring slot: 4 one per copy, 1 one per stage
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -628,9 +580,9 @@ def _int4_wgmma_swap_kernel(
     q_bufs = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8], Q_LAYOUT)
     s_bufs = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
-    # the stage's barriers: one per copy (``_load_swap_stage``), or one for the whole stage
-    # where the producer warp copies (``SPECIALIZED``: its syncs span one warp)
-    ready = _ring_barriers(NUM_STAGES, 1 if SPECIALIZED else STAGE_BARS)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
 
     k_tile0 = pid_k * (k_per_split // BLOCK_K)
     num_k = gl.cdiv(gl.minimum(k_per_split, K - k_tile0 * BLOCK_K), BLOCK_K)
@@ -670,8 +622,7 @@ def _int4_wgmma_swap_kernel(
                                 GROUP_TILES, NUM_STAGES, SPECIALIZED, FRAG, num_warps,
                                 PARTS, PIPE)  # fmt: skip
     for i in gl.static_range(NUM_STAGES):
-        for j in gl.static_range(len(ready)):
-            mbarrier.invalidate(ready[j].index(i))
+        mbarrier.invalidate(ready.index(i))
     if PDL >= 2:  # the next kernel may launch once every program is past its main loop
         tl.extra.cuda.gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
@@ -839,7 +790,6 @@ def int4_wgmma_swap(
     pipe: bool = False,
     pdl: int = 0,
     maxnreg: int | None = None,
-    stage_barriers: int = 4,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -862,13 +812,7 @@ def int4_wgmma_swap(
     "INT4 GEMM", eleventh session), 3 as 2 and its first ``num_stages`` tiles of the weight
     (words, scales, offsets) copied before the wait, x's after it (``weights_first``: the
     weight is read-only, ``kernels.pdl``; not with ``specialized``). ``maxnreg`` caps the
-    registers per thread (ptxas spills the rest; its schedule changes with the cap).
-    ``stage_barriers`` (not with ``specialized``, which has 1): 4 gives each of a ring slot's
-    four copies (x, words, scales, offsets) its own barrier, 1 puts the whole stage on one, the
-    form before 2026-12-02 (Triton 3.6 syncs the CTA before each copy to a shared barrier:
-    ``_load_swap_stage``); kept for ``benchmarks/bench_int4_barriers.py``."""
-    if stage_barriers not in (1, 4):
-        raise ValueError(f"stage_barriers must be 1 or 4, got {stage_barriers}")
+    registers per thread (ptxas spills the rest; its schedule changes with the cap)."""
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
         raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool
@@ -910,7 +854,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg, weight.tiled, stage_barriers)  # fmt: skip
+           pdl, maxnreg, weight.tiled)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -938,7 +882,6 @@ def int4_wgmma_swap(
         "PARTS": parts,
         "PIPE": pipe,
         "PDL": pdl,
-        "STAGE_BARS": stage_barriers,
     }
     if pdl:
         args["launch_pdl"] = True

@@ -325,35 +325,6 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m):
     assert_eager_and_replayed(step, ref, what)
 
 
-# (block_m, block_n, block_k, split_k, stages, warps, kwargs) of the plain form, as the table
-# runs it: small M (split-K, weights first), wide, two wgmmas in flight for large M.
-BARRIER_CASES = [((16, 64, 128, 4, 4, 4), {}), ((64, 64, 128, 2, 4, 4), {"maxnreg": 200}),
-                 ((32, 128, 128, 1, 4, 4), {"pdl": 3}), ((128, 64, 128, 1, 3, 4), {"pipe": True}),
-                 ((16, 64, 128, 3, 3, 4), {"pdl": 2})]  # fmt: skip
-
-
-@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
-@pytest.mark.parametrize("case", BARRIER_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1]))
-def test_swap_stage_barriers_per_copy_and_per_stage_agree(case, order):
-    """A ring slot's copies on one barrier each (``stage_barriers=4``, the default) or all on
-    one (1, the form before): the same products in the same order, so the outputs agree
-    bitwise, and with the reference; fp16 and per-channel scales too, a short last split
-    (3 splits of 1024), masked N (1040) and M. A value other than 1 or 4 is refused."""
-    tiles, kwargs = case
-    for group, dtype in ((128, torch.bfloat16), (1024, torch.float16)):
-        weight = random_weight(1040, 1024, group, seed=41)
-        words = weight if order == "canonical" else weight.to_frag(tiled=order == "tiled")
-        for m in (1, 37, tiles[0]):
-            x = torch.randn(m, 1024, device="cuda", dtype=dtype)
-            per_copy = int4_wgmma_swap(x, words, *tiles, **kwargs)
-            per_stage = int4_wgmma_swap(x, words, *tiles, stage_barriers=1, **kwargs)
-            what = f"{order} {tiles} {kwargs} M={m} g={group}"
-            assert_close(per_copy, int4_gemm_ref(x, weight), dtype, what)
-            assert torch.equal(per_copy, per_stage), f"{what}: the two barrier forms differ"
-    with pytest.raises(ValueError, match="stage_barriers must be 1 or 4"):
-        int4_wgmma_swap(x, words, *tiles, stage_barriers=2)
-
-
 def test_swap_eager_launches_from_the_cache():
     """Eager calls after the first of a specialization launch the compiled kernel directly
     (``kernels.launch.FastLaunch``): one cache entry per specialization (M = 16 and 17 differ
