@@ -283,7 +283,15 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     would not (qkv-sized weights), x tiles of 256 rows, warp-specialized, two wgmmas in
     flight: 4096 x 6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us, and 29.0 at
     M = 160 once x was padded to the whole tile (``pad_rows``; fifteenth session, BENCHMARKS.md,
-    "INT4 GEMM")."""
+    "INT4 GEMM"). Since the twenty-sixth session, weights with K < 8192 at M = 17-64 issue
+    their first tiles of the weight before they wait on the previous kernel (``weights_first``)
+    and keep 6 tiles in the ring where one wave holds the programs: 4096 x 6144 at M = 32 /
+    48 / 64 took 11.7 / 13.8-13.9 / 13.7-13.8 against 12.3-12.4 / 14.0-14.2 / 14.2-14.5 us,
+    4096 x 4096 at M = 40 / 48 / 64 10.8-10.9 / 10.8-11.0 / 11.2-11.3 against 11.3-11.6 /
+    11.2-11.4 / 11.7-11.8, in four A/B pairs of ``bench_int4_gemm.py`` over two device calls
+    (BENCHMARKS.md, "INT4 GEMM", twenty-sixth session); on down_proj (K = 14336, 256 programs
+    at M = 64: with 6 stages one per multiprocessor, two waves) the same form took 25.5-30.4
+    against 19.9-24.2, so it keeps the form above."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
@@ -299,6 +307,15 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
     cap = 200 if 32 < m <= 64 else None
+    if m <= 64 and k < 8192:
+        # qkv- and o_proj-sized: the weight's first tiles before the wait, and a ring of 6
+        # where one wave of programs holds it (x tiles of 32 rows: three programs per
+        # multiprocessor; of 64: one, so at most _ONE_WAVE programs)
+        stages = 6 if rows <= 32 or tiles * split <= _ONE_WAVE else 4
+        return Int4GemmConfig(
+            "wgmma", rows, 64, 128, split, 4, stages, swap=True, maxnreg=cap, pdl=True,
+            weights_first=True,
+        )  # fmt: skip
     return Int4GemmConfig(
         "wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64, pipe=m > 128,
         maxnreg=cap,

@@ -500,6 +500,24 @@ def test_pad_rows_rule():
     assert pad_rows(300, Int4GemmConfig("dequant")) == 0
 
 
+def test_narrow_swap_issues_the_weight_first_at_m_17_to_64():
+    """The table's swapped kernel on weights with K < 8192 at M = 17-64 (qkv, o_proj past the
+    mma kernel) is a programmatic dependent that copies the weight's first tiles before it
+    waits (``weights_first``), with 6 ring stages where its programs fit one wave (x tiles of
+    32 rows, or at most one program per multiprocessor) and 4 where they would not; long K
+    (down_proj) and M > 64 keep their forms, measured slower with it on the H200."""
+    cpu = torch.device("cpu")
+    for m, n, k, stages in [(17, 6144, 4096, 6), (32, 6144, 4096, 6), (48, 6144, 4096, 6),
+                            (64, 4096, 4096, 6), (64, 2048, 2048, 6), (40, 5120, 4096, 4),
+                            (32, 5120, 4096, 6)]:  # fmt: skip
+        cfg = choose_config(m, n, k, 128, cpu, frag=True)
+        assert cfg.swap and cfg.weights_first and cfg.pdl and not cfg.specialized, (m, n, k, cfg)
+        assert cfg.num_stages == stages, (m, n, k, cfg)
+    for m, n, k in [(32, 4096, 14336), (64, 4096, 14336), (65, 6144, 4096), (48, 28672, 4096)]:
+        cfg = choose_config(m, n, k, 128, cpu, frag=True)
+        assert cfg.num_stages <= 4 and (cfg.weights_first == (n > 8192)), (m, n, k, cfg)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192)])
 def test_padded_rows_never_reach_the_output(m, n, k):
