@@ -48,6 +48,8 @@ def compile_swap(
     pipe: bool = False,
     pdl: int = 0,
     tiled: bool = False,
+    vector_store: bool = False,
+    mode: int = 0,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -77,13 +79,14 @@ def compile_swap(
         "L3": words(block_n, BLOCK_K // 8, warps),
         "S_LAYOUT": W._fragment_words_layout(block_n, 1, warps, row=True),
         "GROUP_TILES": 1,
-        "MODE": 0,
+        "MODE": mode,
         "NUM_STAGES": stages,
         "SPECIALIZED": specialized,
         "FRAG": frag,
         "PARTS": 0,
         "PIPE": pipe,
         "PDL": pdl,
+        "VECTOR_STORE": vector_store,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel
@@ -94,7 +97,13 @@ def compile_swap(
             values[(i,)] = constexprs[name]
         else:
             signature[name] = mangle_type(args[name])
-    source = GluonASTSource(kernel, signature, values, {})
+    # what the launcher's specialization tells the compiler about its arguments: 16-byte
+    # aligned pointers, and N, K and the output's row stride multiples of 16
+    aligned = {"out_ptr", "ws_ptr", "lock_ptr", "N", "K", "k_per_split", "stride_out_m"}
+    attrs = {
+        (i,): [["tt.divisibility", 16]] for i, a in enumerate(kernel.arg_names) if a in aligned
+    }
+    source = GluonASTSource(kernel, signature, values, attrs)
     target = GPUTarget("cuda", 90, 32)
     return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
 

@@ -362,22 +362,42 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
 
 
 @gluon.jit
+def _vector_rows(acc, num_warps: gl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] in a layout where each thread holds 8 consecutive rows n of one
+    column m: 8 consecutive elements of one row of the transposed output (or of a split-K
+    slot), which it stores or loads as one 16-byte access (32 bytes in fp32). In the wgmma
+    accumulator's layout a thread's neighbouring values lie in neighbouring columns, that is
+    in different rows of the output: one 2-byte store each."""
+    BLOCK_N: gl.constexpr = acc.shape[0]
+    ROWS_T: gl.constexpr = BLOCK_N // 8 if BLOCK_N // 8 <= 32 else 32
+    layout: gl.constexpr = gl.BlockedLayout([8, 1], [ROWS_T, 32 // ROWS_T], [1, num_warps], [0, 1])
+    return gl.convert_layout(acc, layout)
+
+
+@gluon.jit
 def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
-                   stride_out_m, MODE: gl.constexpr):  # fmt: skip
+                   stride_out_m, MODE: gl.constexpr,
+                   VECTOR_STORE: gl.constexpr = False):  # fmt: skip
     """Store acc [BLOCK_N, BLOCK_M] (transposed) into out, or reduce the splits of a tile as
     int4_tiles._epilogue (MODE 0 store, 1 fp32 atomics, 2 workspace and ticket), or (MODE 3)
     store the split's partial in its own slot of the workspace ([split, M, N], plain stores),
-    after which the last split of the tile (a ticket) adds the slots in split order."""
-    mma_layout: gl.constexpr = acc.type.layout
+    after which the last split of the tile (a ticket) adds the slots in split order.
+    ``VECTOR_STORE``: acc first goes through shared memory into ``_vector_rows``' layout
+    (MODE 0 and 3: the same values stored, the slots added in the same order)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[1]
     dtype: gl.constexpr = out_ptr.dtype.element_ty
+    if VECTOR_STORE:
+        if MODE == 0:
+            acc = acc.to(dtype)  # half the bytes through shared memory
+        acc = _vector_rows(acc, gl.num_warps())
+    mma_layout: gl.constexpr = acc.type.layout
     offs_on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
     mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
     if MODE == 0:
-        gl.store(out_ptrs, acc.to(dtype), mask=mask)
+        gl.store(out_ptrs, acc.to(dtype), mask=mask)  # (a no-op cast after VECTOR_STORE's)
     elif MODE == 1:
         gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
     elif MODE == 3:
@@ -557,6 +577,7 @@ def _int4_wgmma_swap_kernel(
     PARTS: gl.constexpr = 0,  # measurement only: part of the work (``_swap_mainloop``)
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
     PDL: gl.constexpr = 0,  # programmatic dependent launch form (``int4_wgmma_swap``'s pdl)
+    VECTOR_STORE: gl.constexpr = False,  # the epilogue's stores 16 bytes wide (``_vector_rows``)
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -626,7 +647,7 @@ def _int4_wgmma_swap_kernel(
     if PDL >= 2:  # the next kernel may launch once every program is past its main loop
         tl.extra.cuda.gdc_launch_dependents()
     _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
-                   stride_out_m, MODE)  # fmt: skip
+                   stride_out_m, MODE, VECTOR_STORE)  # fmt: skip
 
 
 def _tiled_words_desc(qweight: torch.Tensor, block_n: int) -> TensorDescriptor:
@@ -790,6 +811,7 @@ def int4_wgmma_swap(
     pipe: bool = False,
     pdl: int = 0,
     maxnreg: int | None = None,
+    vector_store: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -812,7 +834,13 @@ def int4_wgmma_swap(
     "INT4 GEMM", eleventh session), 3 as 2 and its first ``num_stages`` tiles of the weight
     (words, scales, offsets) copied before the wait, x's after it (``weights_first``: the
     weight is read-only, ``kernels.pdl``; not with ``specialized``). ``maxnreg`` caps the
-    registers per thread (ptxas spills the rest; its schedule changes with the cap)."""
+    registers per thread (ptxas spills the rest; its schedule changes with the cap).
+    ``vector_store`` (not in the table: not yet timed on a GPU) passes the accumulator through
+    shared memory so that each thread stores 8 consecutive outputs at once (and the split-K
+    slots 8 floats), where the wgmma layout stores 2 bytes at a time (``_vector_rows``); with
+    ``slots=False`` (fp32 atomics) it is refused."""
+    if vector_store and not slots:
+        raise ValueError("vector_store needs slots=True (the split-K slots, or no split)")
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
         raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool
@@ -854,7 +882,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg, weight.tiled)  # fmt: skip
+           pdl, maxnreg, weight.tiled, vector_store)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -882,6 +910,7 @@ def int4_wgmma_swap(
         "PARTS": parts,
         "PIPE": pipe,
         "PDL": pdl,
+        "VECTOR_STORE": bool(vector_store),
     }
     if pdl:
         args["launch_pdl"] = True

@@ -325,6 +325,39 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m):
     assert_eager_and_replayed(step, ref, what)
 
 
+# (block_m, block_n, block_k, split_k, stages, warps, kwargs) as the table runs them: small
+# M (split-K slots, weights first), wide, two wgmmas in flight, warp-specialized 256-row tiles.
+VECTOR_STORE_CASES = [((16, 64, 128, 3, 4, 4), {}), ((64, 64, 128, 2, 6, 4), {"pdl": 3}),
+                      ((32, 128, 128, 1, 4, 4), {"pdl": 3}),
+                      ((128, 64, 128, 1, 3, 4), {"pipe": True}),
+                      ((256, 128, 128, 1, 3, 8), {"specialized": True, "pipe": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
+@pytest.mark.parametrize(
+    "case", VECTOR_STORE_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1])
+)
+def test_swap_vector_store_agrees_with_the_mma_layout_store(case, order):
+    """``vector_store``: the accumulator through shared memory, each thread storing 8
+    consecutive outputs (and 8 floats of a split-K slot) at once. The same values land in
+    the same places and the slots are added in the same order, so the output equals the
+    plain epilogue's bitwise and agrees with the reference: masked N (1040 = 8 x 130) and M,
+    a short last split, fp16 and per-channel scales. With fp32 atomics it is refused."""
+    tiles, kwargs = case
+    for group, dtype in ((128, torch.bfloat16), (1024, torch.float16)):
+        weight = random_weight(1040, 1024, group, seed=43)
+        words = weight if order == "canonical" else weight.to_frag(tiled=order == "tiled")
+        for m in (1, 37, tiles[0]):
+            x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+            plain = int4_wgmma_swap(x, words, *tiles, **kwargs)
+            vector = int4_wgmma_swap(x, words, *tiles, vector_store=True, **kwargs)
+            what = f"{order} {tiles} {kwargs} M={m} g={group}"
+            assert_close(vector, int4_gemm_ref(x, weight), dtype, what)
+            assert torch.equal(vector, plain), f"{what}: the two epilogues differ"
+    with pytest.raises(ValueError, match="vector_store needs slots=True"):
+        int4_wgmma_swap(x, words, 16, 64, 128, 2, 4, 4, vector_store=True, slots=False)
+
+
 def test_swap_eager_launches_from_the_cache():
     """Eager calls after the first of a specialization launch the compiled kernel directly
     (``kernels.launch.FastLaunch``): one cache entry per specialization (M = 16 and 17 differ

@@ -1,0 +1,141 @@
+"""The table's configs on the swapped wgmma kernel with one keyword of ``int4_wgmma_swap`` set
+to each of two values, A and B alternated in one process (bench_int4_gemm.py's harness:
+CUDA-graph replays over weight copies that exceed L2, median time per call), beside bf16
+cuBLAS, on the engine's word order. For a launch option of the kernel that the table does
+not set yet: whether it pays, and where.
+
+    python3 benchmarks/bench_int4_swap_option.py --option vector_store [--values 0,1] \
+        [--shapes 4096x6144,...] [--rows 16,64,256] [--rounds 3] [--plot option.png]
+
+The table's config for each case goes through ``int4_gemm`` as the engine's calls do
+(padding, the weight's descriptors); only the kernel's keyword differs. Rows where the table
+runs another kernel are listed as such. Each output is checked against the reference, and
+the two values' outputs against each other (``equal``: bitwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from kernels import int4_gemm as G  # noqa: E402
+from kernels.int4_gemm_config import choose_config  # noqa: E402
+
+ORIGINAL = G.int4_wgmma_swap
+
+
+def with_option(name: str, value) -> None:
+    """The table's launcher with the swapped kernel's keyword ``name`` set to ``value``."""
+    G.int4_wgmma_swap = functools.partial(ORIGINAL, **{name: value})
+
+
+def parse_value(text: str):
+    """``0``/``1``/``true``/``false`` as bools, other integers as ints."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    value = int(low)
+    return bool(value) if value in (0, 1) else value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--option", required=True, help="a keyword of int4_wgmma_swap")
+    parser.add_argument("--values", default="0,1", help="A,B (0/1 are False/True)")
+    parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    parser.add_argument("--rows", default="16,32,64,128,256,512")
+    parser.add_argument("--rounds", type=int, default=3, help="A/B pairs per case")
+    parser.add_argument("--plot", default=None, help="a PNG of bf16 / ours by M, A and B")
+    args = parser.parse_args()
+    values = [parse_value(v) for v in args.values.split(",")]
+    if len(values) != 2:
+        raise SystemExit(f"--values takes two values, A,B; got {args.values!r}")
+    a, b = values
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = [int(v) for v in args.rows.split(",")]
+    table = []
+    bar = tqdm(total=len(shapes) * len(rows), desc="cases")
+    for k, n in shapes:
+        peers = Peers(k, n, with_torch=False)
+        w0 = peers.int4[0]
+        for m in rows:
+            bar.update()
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            cfg = choose_config(m, n, k, w0.group_size, x.device, frag=True)
+            if not (cfg.strategy == "wgmma" and cfg.swap):
+                table.append((k, n, m, cfg, None, None, None, None, None))
+                continue
+            ref = G.int4_gemm_ref(x, w0).float()
+            outs, times = {}, {a: [], b: []}
+            for v in (a, b):
+                with_option(args.option, v)
+                outs[v] = G.int4_gemm(x, w0, config=cfg)
+            err = max(((o.float() - ref).norm() / ref.norm()).item() for o in outs.values())
+            equal = torch.equal(outs[a], outs[b])
+            t_bf16 = peers.time_bf16(x)
+            for _ in range(args.rounds):
+                for v in (a, b):
+                    with_option(args.option, v)
+                    times[v].append(
+                        graph_time_us(
+                            lambda i, x=x, w=peers.int4, c=cfg: G.int4_gemm(x, w[i], config=c),
+                            peers.num_int4,
+                        )
+                    )
+            G.int4_wgmma_swap = ORIGINAL
+            ta, tb = statistics.median(times[a]), statistics.median(times[b])
+            table.append((k, n, m, cfg, t_bf16, ta, tb, err, equal))
+        peers = w0 = None
+        torch.cuda.empty_cache()
+    bar.close()
+    print(f"\n| K x N | M | table's form | bf16 us | {args.option}={a} us | {args.option}={b} us "
+          f"| B / A | bf16 / ours (A, B) | worst rel. error | equal |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k, n, m, cfg, t_bf16, ta, tb, err, equal in table:
+        form = f"{cfg.strategy} {cfg.block_m}x{cfg.block_n} split {cfg.split_k}"
+        form += " ws" if cfg.specialized else ""
+        form += " pipe" if cfg.pipe else ""
+        if ta is None:
+            print(f"| {k} x {n} | {m} | {form} (not the swapped kernel) | | | | | | | |")
+            continue
+        print(f"| {k} x {n} | {m} | {form} | {t_bf16:.1f} | {ta:.1f} | {tb:.1f} | "
+              f"{tb / ta:.3f} | {t_bf16 / ta:.2f}x, {t_bf16 / tb:.2f}x | {err:.1e} | "
+              f"{'yes' if equal else 'no'} |")  # fmt: skip
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for k, n in shapes:
+            pts = [r for r in table if r[0] == k and r[1] == n and r[5] is not None]
+            if not pts:
+                continue
+            ms = [r[2] for r in pts]
+            (line,) = ax.plot(ms, [r[4] / r[6] for r in pts], marker="o", label=f"{k}x{n}")
+            ax.plot(ms, [r[4] / r[5] for r in pts], ls="--", color=line.get_color())
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (rows of x)")
+        ax.set_ylabel("bf16 time / INT4 time")
+        ax.set_title(f"swapped kernel: {args.option}={b} (solid) against {a} (dashed)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
