@@ -10,8 +10,10 @@ Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, the
 Tiles: wgmma N = ROWS (default 8 and 16), 128 weight rows, K tiles of 128, 4 warps, 4 stages,
 bf16, no split (the table's tiling for wide weights at M = 1 and 16).
 
-``--race`` instead checks the table's large-M tilings, with and without two wgmmas in flight
-(``pipe``), for writes to an in-flight wgmma's register operand (``inflight_operand_writes``).
+``--stores`` instead counts the epilogue's stores and loads with and without
+``vector_store`` (16-byte accesses through shared memory). ``--race`` instead checks the
+table's large-M tilings, with and without two wgmmas in flight (``pipe``), for writes to an
+in-flight wgmma's register operand (``inflight_operand_writes``).
 """
 
 from __future__ import annotations
@@ -168,9 +170,33 @@ def check_races() -> None:
                       f"{len(races)} writes to in-flight operands {races[:3]}")  # fmt: skip
 
 
+def store_counts() -> None:
+    """``--stores``: the epilogue's global stores and loads (SASS opcodes, each counted once in
+    the kernel) and the registers of the table's tilings in fragment and tile order, with the
+    wgmma layout's epilogue and with ``vector_store``, storing the output (MODE 0) and the
+    split-K slots (MODE 3)."""
+    tilings = [(16, 64, 4, 4, {}), (64, 64, 6, 4, {"pdl": 3}), (128, 64, 3, 4, {"pipe": True}),
+               (256, 64, 3, 4, {"specialized": True, "pipe": True}),
+               (256, 128, 3, 8, {"specialized": True, "pipe": True})]  # fmt: skip
+    for rows, block_n, stages, warps, kwargs in tilings:
+        for mode in (0, 3):
+            for vector in (False, True):
+                cubin = compile_swap(rows, True, block_n, stages, warps, tiled=True,
+                                     vector_store=vector, mode=mode, **kwargs)  # fmt: skip
+                sass = cuobjdump(cubin, "-sass")
+                ops = collections.Counter(re.findall(r"\b((?:STG|LDG)\.E[\w.]*)", sass))
+                regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
+                print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps {kwargs}, "
+                      f"MODE {mode}, vector_store={vector}: {regs} registers, "
+                      f"{dict(sorted(ops.items()))}")  # fmt: skip
+
+
 def main() -> None:
     if sys.argv[1:] == ["--race"]:
         check_races()
+        return
+    if sys.argv[1:] == ["--stores"]:
+        store_counts()
         return
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
         for frag, tiled in ((False, False), (True, False), (True, True)):

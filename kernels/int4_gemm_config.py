@@ -307,18 +307,14 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
     cap = 200 if 32 < m <= 64 else None
-    if m <= 64 and k < 8192:
-        # qkv- and o_proj-sized: the weight's first tiles before the wait, and a ring of 6
-        # where one wave of programs holds it (x tiles of 32 rows: three programs per
-        # multiprocessor; of 64: one, so at most _ONE_WAVE programs)
-        stages = 6 if rows <= 32 or tiles * split <= _ONE_WAVE else 4
-        return Int4GemmConfig(
-            "wgmma", rows, 64, 128, split, 4, stages, swap=True, maxnreg=cap, pdl=True,
-            weights_first=True,
-        )  # fmt: skip
+    # qkv- and o_proj-sized at M <= 64: the weight's first tiles before the wait, and a ring of
+    # 6 where one wave of programs holds it (x tiles of 32 rows: three programs per
+    # multiprocessor; of 64: one, so at most _ONE_WAVE programs)
+    first = m <= 64 and k < 8192
+    stages = 6 if first and (rows <= 32 or tiles * split <= _ONE_WAVE) else 4
     return Int4GemmConfig(
-        "wgmma", rows, 64, 128, split, 4, 4, swap=True, specialized=m > 64, pipe=m > 128,
-        maxnreg=cap,
+        "wgmma", rows, 64, 128, split, 4, stages, swap=True, specialized=m > 64, pipe=m > 128,
+        maxnreg=cap, pdl=first, weights_first=first,
     )  # fmt: skip
 
 

@@ -362,15 +362,16 @@ def _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_
 
 
 @gluon.jit
-def _vector_rows(acc, num_warps: gl.constexpr):
+def _vector_rows(acc):
     """acc [BLOCK_N, BLOCK_M] in a layout where each thread holds 8 consecutive rows n of one
     column m: 8 consecutive elements of one row of the transposed output (or of a split-K
     slot), which it stores or loads as one 16-byte access (32 bytes in fp32). In the wgmma
     accumulator's layout a thread's neighbouring values lie in neighbouring columns, that is
     in different rows of the output: one 2-byte store each."""
-    BLOCK_N: gl.constexpr = acc.shape[0]
-    ROWS_T: gl.constexpr = BLOCK_N // 8 if BLOCK_N // 8 <= 32 else 32
-    layout: gl.constexpr = gl.BlockedLayout([8, 1], [ROWS_T, 32 // ROWS_T], [1, num_warps], [0, 1])
+    ROWS_T: gl.constexpr = min(acc.shape[0] // 8, 32)  # threads of a warp along n
+    layout: gl.constexpr = gl.BlockedLayout(
+        [8, 1], [ROWS_T, 32 // ROWS_T], [1, gl.num_warps()], [0, 1]
+    )
     return gl.convert_layout(acc, layout)
 
 
@@ -390,14 +391,14 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
     if VECTOR_STORE:
         if MODE == 0:
             acc = acc.to(dtype)  # half the bytes through shared memory
-        acc = _vector_rows(acc, gl.num_warps())
+        acc = _vector_rows(acc)
     mma_layout: gl.constexpr = acc.type.layout
     offs_on = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_layout))
     offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, mma_layout))
     mask = (offs_on < N)[:, None] & (offs_m < M)[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_out_m + offs_on[:, None]
     if MODE == 0:
-        gl.store(out_ptrs, acc.to(dtype), mask=mask)  # (a no-op cast after VECTOR_STORE's)
+        gl.store(out_ptrs, acc.to(dtype), mask=mask)
     elif MODE == 1:
         gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
     elif MODE == 3:
