@@ -57,7 +57,9 @@ class Int4GemmConfig:
     launch start on entry (``int4_wgmma_swap``'s form 1; not in the table, BENCHMARKS.md);
     with ``weights_first`` as well (not ``specialized``) it lets the next launch start once
     every program is past its main loop and copies its ring's first weight tiles before it
-    waits on the previous kernel, x's after (form 3).
+    waits on the previous kernel, x's after (form 3); ``vector_store`` passes the accumulator
+    through shared memory so that each thread stores 8 consecutive outputs (and 8 floats of a
+    split-K slot) at once, where the wgmma layout stores 2 bytes at a time.
     ``mma`` (sm_80+, 16-bit x, fragment-ordered words, groups of a multiple of 128: the register
     mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``block_n`` weight
     rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
@@ -108,6 +110,7 @@ class Int4GemmConfig:
     weights_first: bool = False
     s_ahead: bool = False
     w_ring: bool = False
+    vector_store: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -118,7 +121,7 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
-        for name in ("specialized", "pipe"):
+        for name in ("specialized", "pipe", "vector_store"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
         if self.wsplit and self.strategy != "mma":
@@ -223,11 +226,18 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 # Over 28 measured (shape, M) points the model's pick was within 4% of the fastest of the three.
 # The tilings: x tiles of 128 rows by 64 weight rows, two programs per multiprocessor (in
 # fragment order, a shorter decode, with two wgmmas in flight); 256 by 128, warp-specialized,
-# two wgmmas in flight, one program per multiprocessor.
-_LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True)
-_LARGE_PLAIN_FRAG = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True)
+# two wgmmas in flight, one program per multiprocessor; and since the twenty-seventh session,
+# for weights with N <= 8192, ``_NARROW_256`` (256 by 64, as at 128 < M <= 256 on qkv), whose
+# finer grid fills the waves better: one wave of it took 24-28 us at K = 4096 and 84-85 at
+# K = 14336 (``bench_int4_large.py``, M = 256-2048). On wider weights each of its programs
+# reads x's tile for half as many weight rows, and it was 4-9% slower at M = 1024-2048 there.
+# All these tilings store 16 bytes at a time (``vector_store``), 2-7% faster above M = 128.
+_LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, vector_store=True)
+_LARGE_PLAIN_FRAG = Int4GemmConfig(
+    "wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True, vector_store=True
+)
 _LARGE_WIDE = Int4GemmConfig(
-    "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True
+    "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True, vector_store=True
 )
 
 # Wide weights at 64 < M <= 128, either word order: the same tiling as ``_LARGE_PLAIN``, 64
@@ -239,7 +249,9 @@ _WIDE_128 = _LARGE_PLAIN
 
 # Narrow weights whose 128-row x tiles overflow one wave at 128 < M <= 256 (qkv-sized):
 # 256 x 64, one program per multiprocessor.
-_NARROW_256 = Int4GemmConfig("wgmma", 256, 64, 128, 1, 4, 3, swap=True, specialized=True, pipe=True)
+_NARROW_256 = Int4GemmConfig(
+    "wgmma", 256, 64, 128, 1, 4, 3, swap=True, specialized=True, pipe=True, vector_store=True
+)
 
 
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
@@ -264,8 +276,9 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     rows = max(8, 1 << (m - 1).bit_length())
     warps = 8 if frag and rows >= 64 else 4
     return Int4GemmConfig(
-        "wgmma", rows, 128, 128, 1, warps, 4, swap=True, pdl=True, weights_first=True
-    )
+        "wgmma", rows, 128, 128, 1, warps, 4, swap=True, pdl=True, weights_first=True,
+        vector_store=m > 16,
+    )  # fmt: skip
 
 
 def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
@@ -305,24 +318,30 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256
     if m > 64 and tiles * split > _ONE_WAVE:
-        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True)
+        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True, vector_store=True)
     cap = 200 if 32 < m <= 64 else None
     # qkv- and o_proj-sized at M <= 64: the weight's first tiles before the wait, and a ring of
     # 6 where one wave of programs holds it (x tiles of 32 rows: three programs per
     # multiprocessor; of 64: one, so at most _ONE_WAVE programs)
     first = m <= 64 and k < 8192
     stages = 6 if first and (rows <= 32 or tiles * split <= _ONE_WAVE) else 4
+    # the 16-byte epilogue (slower on unsplit 64-row x tiles: 15.6 against 13.8 us, qkv M = 64)
+    vector = m > 16 and not (split == 1 and rows <= 64)
     return Int4GemmConfig(
         "wgmma", rows, 64, 128, split, 4, stages, swap=True, specialized=m > 64, pipe=m > 128,
-        maxnreg=cap, pdl=first, weights_first=first,
+        maxnreg=cap, pdl=first, weights_first=first, vector_store=vector,
     )  # fmt: skip
 
 
 def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     """M > 256: ``_LARGE_PLAIN`` (``_LARGE_PLAIN_FRAG`` for fragment-ordered words: two
     wgmmas in flight were 0-14% faster there and 0-14% slower on canonical words, M = 256-2048
-    in the eighth session's sweeps), ``_LARGE_WIDE`` or dequantize + cuBLAS, by the cost
-    model."""
+    in the eighth session's sweeps), ``_LARGE_WIDE``, ``_NARROW_256`` (N <= 8192) or
+    dequantize + cuBLAS, by the cost model. With ``_NARROW_256`` in it, 4096 x 6144 at
+    M = 1024 / 2048 took 75.8 / 150.2 us against 89.7 / 165.7 (dequantize + cuBLAS), 14336 x
+    4096 at M = 512 84.7 against 97.8, 4096 x 4096 at M = 512 26.6 against 29.2; its worst
+    picks were 3-4% slower than the previous model's (4096 x 4096 at M = 768-2048, 4096 x
+    6144 at M = 512; twenty-seventh session, BENCHMARKS.md)."""
     plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
 
     def waves(cfg: Int4GemmConfig, per_sm: int) -> int:
@@ -334,6 +353,8 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
         _LARGE_WIDE: waves(_LARGE_WIDE, 1) * (2.7 + 0.01231 * k),
         Int4GemmConfig("dequant"): 4.0 + 2 * m * n * k / 760e6 + 2.5 * n * k / 3.3e6,
     }
+    if n <= 8192:
+        costs[_NARROW_256] = waves(_NARROW_256, 1) * (1.36 + 0.00582 * k)
     return min(costs, key=costs.get)
 
 

@@ -518,6 +518,42 @@ def test_narrow_swap_issues_the_weight_first_at_m_17_to_64():
         assert cfg.num_stages <= 4 and (cfg.weights_first == (n > 8192)), (m, n, k, cfg)
 
 
+def test_swapped_kernel_stores_16_bytes_except_on_unsplit_64_row_tiles():
+    """The table's swapped kernel above M = 16 stores its outputs (and split-K slots) 16
+    bytes at a time through shared memory (``vector_store``), as it paid on the H200 on every
+    such form except the unsplit x tiles of 32-64 rows (qkv-sized weights at M = 17-64,
+    slower at M = 64); at M <= 16 and on the other kernels it keeps the wgmma layout's
+    stores. Covers both word orders and the forms above M = 256 (the cost model's three)."""
+    cpu = torch.device("cpu")
+    for frag in (True, False):
+        for m, n, k in [(48, 4096, 4096), (64, 4096, 14336), (32, 28672, 4096),
+                        (128, 6144, 4096), (200, 6144, 4096), (256, 28672, 4096),
+                        (512, 4096, 4096), (1024, 28672, 4096), (2048, 4096, 14336)]:  # fmt: skip
+            cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+            if cfg.strategy == "wgmma" and cfg.swap:
+                assert cfg.vector_store, (m, n, k, frag, cfg)
+        for m, n, k in [(32, 6144, 4096), (64, 6144, 4096), (16, 28672, 4096), (8, 4096, 4096),
+                        (1, 28672, 4096)]:  # fmt: skip
+            cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+            assert not cfg.vector_store, (m, n, k, frag, cfg)
+    with pytest.raises(ValueError, match="vector_store applies to the wgmma strategy"):
+        Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, wsplit=True, vector_store=True)
+
+
+def test_large_m_cost_model_takes_the_256_by_64_tiling_on_narrow_weights_only():
+    """Above M = 256 the cost model has a fourth form for weights with N <= 8192, the 256 x
+    64 tiling (``_NARROW_256``), which fills the waves where the others leave them part
+    empty: on the H200 qkv at M = 1024 (3 waves of it against 2 of 256 x 128 that cost twice
+    as much each, or dequantize + cuBLAS) and down_proj at M = 512 (one wave of 128 programs
+    against 256 x 128's 64). Wider weights never take it (slower there: x re-read per 64 rows)."""
+    cpu = torch.device("cpu")
+    for m, n, k in [(1024, 6144, 4096), (2048, 6144, 4096), (512, 4096, 14336), (512, 4096, 4096)]:
+        assert choose_config(m, n, k, 128, cpu, frag=True) == _NARROW_256, (m, n, k)
+    for m in (384, 512, 768, 1024, 2048, 4096):
+        for n in (8200, 14336, 28672):
+            assert choose_config(m, n, 4096, 128, cpu, frag=True) != _NARROW_256, (m, n)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192)])
 def test_padded_rows_never_reach_the_output(m, n, k):
