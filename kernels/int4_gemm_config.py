@@ -226,11 +226,12 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 # Over 28 measured (shape, M) points the model's pick was within 4% of the fastest of the three.
 # The tilings: x tiles of 128 rows by 64 weight rows, two programs per multiprocessor (in
 # fragment order, a shorter decode, with two wgmmas in flight); 256 by 128, warp-specialized,
-# two wgmmas in flight, one program per multiprocessor; and since the twenty-seventh session,
-# for weights with N <= 8192, ``_NARROW_256`` (256 by 64, as at 128 < M <= 256 on qkv), whose
-# finer grid fills the waves better: one wave of it took 24-28 us at K = 4096 and 84-85 at
-# K = 14336 (``bench_int4_large.py``, M = 256-2048). On wider weights each of its programs
-# reads x's tile for half as many weight rows, and it was 4-9% slower at M = 1024-2048 there.
+# two wgmmas in flight, one program per multiprocessor; and since the twenty-seventh session
+# ``_NARROW_256`` (256 by 64, as at 128 < M <= 256 on qkv), half the products per program of
+# 256 by 128 at about half the time (one wave of it took 24-28 us at K = 4096 and 84-85 at
+# K = 14336, ``bench_int4_large.py``, M = 256-2048), whose finer grid fills the waves where
+# 256 by 128 leaves them part empty. Where both fill them alike (twice the waves of half the
+# cost) 256 by 128 is kept: it was 2-8% faster there (x's tile serves twice the weight rows).
 # All these tilings store 16 bytes at a time (``vector_store``), 2-7% faster above M = 128.
 _LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, vector_store=True)
 _LARGE_PLAIN_FRAG = Int4GemmConfig(
@@ -336,12 +337,13 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
 def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     """M > 256: ``_LARGE_PLAIN`` (``_LARGE_PLAIN_FRAG`` for fragment-ordered words: two
     wgmmas in flight were 0-14% faster there and 0-14% slower on canonical words, M = 256-2048
-    in the eighth session's sweeps), ``_LARGE_WIDE``, ``_NARROW_256`` (N <= 8192) or
-    dequantize + cuBLAS, by the cost model. With ``_NARROW_256`` in it, 4096 x 6144 at
-    M = 1024 / 2048 took 75.8 / 150.2 us against 89.7 / 165.7 (dequantize + cuBLAS), 14336 x
-    4096 at M = 512 84.7 against 97.8, 4096 x 4096 at M = 512 26.6 against 29.2; its worst
-    picks were 3-4% slower than the previous model's (4096 x 4096 at M = 768-2048, 4096 x
-    6144 at M = 512; twenty-seventh session, BENCHMARKS.md)."""
+    in the eighth session's sweeps), ``_LARGE_WIDE``, ``_NARROW_256`` (ties go to
+    ``_LARGE_WIDE``) or dequantize + cuBLAS, by the cost model. With ``_NARROW_256`` in it,
+    on the H200 in two runs (twenty-seventh session, ``bench_int4_large.py``, BENCHMARKS.md):
+    4096 x 6144 at M = 1024 took 75.8 / 78.1 us against 89.7 / 85.7 (dequantize + cuBLAS),
+    14336 x 4096 at M = 512 84.7 / 83.8 against 97.8 / 100.2 (128 x 64), 4096 x 4096 at
+    M = 512 26.6 / 26.2 against 29.2 / 29.2, 4096 x 28672 at M = 512 190.0 / 190.6 against
+    196.8 / 220.0 (256 x 128); no pick of 44 points was slower than the previous model's."""
     plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
 
     def waves(cfg: Int4GemmConfig, per_sm: int) -> int:
@@ -353,8 +355,9 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
         _LARGE_WIDE: waves(_LARGE_WIDE, 1) * (2.7 + 0.01231 * k),
         Int4GemmConfig("dequant"): 4.0 + 2 * m * n * k / 760e6 + 2.5 * n * k / 3.3e6,
     }
-    if n <= 8192:
-        costs[_NARROW_256] = waves(_NARROW_256, 1) * (1.36 + 0.00582 * k)
+    # half of 256 x 128's products per program at half its cost, after it (min keeps the
+    # first of equal costs: twice the waves of half the cost is exactly a tie)
+    costs[_NARROW_256] = waves(_NARROW_256, 1) * (2.7 + 0.01231 * k) / 2
     return min(costs, key=costs.get)
 
 
