@@ -1,8 +1,8 @@
 """The table's configs on the swapped wgmma kernel with one keyword of ``int4_wgmma_swap`` set
 to each of two values, A and B alternated in one process (bench_int4_gemm.py's harness:
 CUDA-graph replays over weight copies that exceed L2, median time per call), beside bf16
-cuBLAS, on the engine's word order. For a launch option of the kernel that the table does
-not set yet: whether it pays, and where.
+cuBLAS, on the engine's word order. For a launch option of the kernel: whether it pays, and
+where.
 
     python3 benchmarks/bench_int4_swap_option.py --option vector_store [--values 0,1] \
         [--shapes 4096x6144,...] [--rows 16,64,256] [--rounds 3] [--plot option.png]
@@ -10,13 +10,14 @@ not set yet: whether it pays, and where.
 The table's config for each case goes through ``int4_gemm`` as the engine's calls do
 (padding, the weight's descriptors); only the kernel's keyword differs. Rows where the table
 runs another kernel are listed as such. Each output is checked against the reference, and
-the two values' outputs against each other (``equal``: bitwise).
+the two values' outputs against each other (``equal``: bitwise). Both values are forced,
+also for a keyword the table's config sets (then A or B is what the table runs); not for the
+tiling or ``specialized``, which the launcher passes by position.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 from pathlib import Path
@@ -36,8 +37,13 @@ ORIGINAL = G.int4_wgmma_swap
 
 
 def with_option(name: str, value) -> None:
-    """The table's launcher with the swapped kernel's keyword ``name`` set to ``value``."""
-    G.int4_wgmma_swap = functools.partial(ORIGINAL, **{name: value})
+    """The table's launcher with the swapped kernel's keyword ``name`` set to ``value``, over
+    what the table's config passes for it (``vector_store``, ``maxnreg``)."""
+
+    def launch(*args, **kwargs):
+        return ORIGINAL(*args, **{**kwargs, name: value})
+
+    G.int4_wgmma_swap = launch
 
 
 def parse_value(text: str):
