@@ -47,6 +47,7 @@ from kernels.int4_gemm_config import (
     _narrow_swap,
     choose_config,
     pad_rows,
+    split_rows,
     wgmma_fallback,
 )
 from kernels.int4_tiles import (
@@ -729,7 +730,9 @@ def int4_gemm(
     """``x @ dequant(weight)^T (+ bias)`` on the Triton kernels.
 
     x: [..., K] fp16/bf16/fp32; weight: ``Int4Weight`` with N outputs; bias: [N] or None.
-    Returns [..., N] in x's dtype. ``config`` overrides the table (tests, benchmarks).
+    Returns [..., N] in x's dtype. ``config`` overrides the table (tests, benchmarks). With
+    the table, 16-bit x of a few rows past a multiple of 256 may run as two calls, the rows
+    up to the multiple and the rest, joined (``split_rows``).
     """
     _check(x, weight)
     lead = x.shape[:-1]
@@ -740,7 +743,25 @@ def int4_gemm(
         x2 = x2.contiguous()
     m, k = x2.shape
     n = weight.out_features
-    cfg = config or choose_config(m, n, k, weight.group_size, x2.device, frag=weight.frag)
+    main = 0
+    if config is None and x2.dtype in (torch.float16, torch.bfloat16):  # as the wgmma kernels
+        main = split_rows(m, n, k, weight.group_size, x2.device, frag=weight.frag)
+    if main:
+        out = torch.cat([_gemm_2d(x2[:main], weight, None), _gemm_2d(x2[main:], weight, None)])
+    else:
+        out = _gemm_2d(x2, weight, config)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, n)
+
+
+def _gemm_2d(x2: torch.Tensor, weight: Int4Weight, config: Int4GemmConfig | None) -> torch.Tensor:
+    """``int4_gemm`` on 2-D x in the weight's K order, in one call: ``config`` or the
+    table's."""
+    m, k = x2.shape
+    cfg = config or choose_config(
+        m, weight.out_features, k, weight.group_size, x2.device, frag=weight.frag
+    )
     if weight.frag and not (
         cfg.strategy in ("dequant", "mma") or cfg.strategy == "wgmma" and cfg.swap
     ):
@@ -750,12 +771,8 @@ def int4_gemm(
             f"(swap={cfg.swap})"
         )
     if cfg.strategy == "dequant":
-        out = torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
-    else:
-        out = _launch(x2, weight, cfg)
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*lead, n)
+        return torch.nn.functional.linear(x2, dequantize_int4_triton(weight, x2.dtype))
+    return _launch(x2, weight, cfg)
 
 
 def frag_preferred(weight: Int4Weight) -> bool:

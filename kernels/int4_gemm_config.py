@@ -334,31 +334,76 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     )  # fmt: skip
 
 
+def _form_cost(cfg: Int4GemmConfig, m: int, n: int, k: int) -> float | None:
+    """The cost model's time (us) of ``cfg`` on M rows of an N x K weight: dequantize +
+    cuBLAS, or the unsplit swapped tilings' waves (programs over those that run at once)
+    times one program's time, linear in K; None for forms it does not model. The 128 x 64
+    warp-specialized tiling (one per multiprocessor, 4 stages: o_proj- and down_proj-sized
+    weights at 128 < M <= 256) was fitted on its M = 256 times (16.3 / 49.2 us at K = 4096 /
+    14336, twenty-seventh session) and is not a candidate above M = 256."""
+    if cfg.strategy == "dequant":
+        return 4.0 + 2 * m * n * k / 760e6 + 2.5 * n * k / 3.3e6
+    if not (cfg.strategy == "wgmma" and cfg.swap) or cfg.split_k != 1:
+        return None
+    per_sm = 1 if cfg.specialized else 2
+    programs = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    waves = -(-programs // (per_sm * _ONE_WAVE))
+    tiling = (cfg.block_m, cfg.block_n, cfg.specialized)
+    per_wave = {
+        (128, 64, False): 4.1 + 0.00655 * k,
+        (128, 64, True): 3.1 + 0.00321 * k,
+        (256, 128, True): 2.7 + 0.01231 * k,
+        # half of 256 x 128's products per program at half its cost
+        (256, 64, True): (2.7 + 0.01231 * k) / 2,
+    }.get(tiling)
+    return None if per_wave is None else waves * per_wave
+
+
 def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     """M > 256: ``_LARGE_PLAIN`` (``_LARGE_PLAIN_FRAG`` for fragment-ordered words: two
     wgmmas in flight were 0-14% faster there and 0-14% slower on canonical words, M = 256-2048
     in the eighth session's sweeps), ``_LARGE_WIDE``, ``_NARROW_256`` (ties go to
-    ``_LARGE_WIDE``) or dequantize + cuBLAS, by the cost model. With ``_NARROW_256`` in it,
-    on the H200 in two runs (twenty-seventh session, ``bench_int4_large.py``, BENCHMARKS.md):
-    4096 x 6144 at M = 1024 took 75.8 / 78.1 us against 89.7 / 85.7 (dequantize + cuBLAS),
-    14336 x 4096 at M = 512 84.7 / 83.8 against 97.8 / 100.2 (128 x 64), 4096 x 4096 at
-    M = 512 26.6 / 26.2 against 29.2 / 29.2, 4096 x 28672 at M = 512 190.0 / 190.6 against
-    196.8 / 220.0 (256 x 128); no pick of 44 points was slower than the previous model's."""
+    ``_LARGE_WIDE``) or dequantize + cuBLAS, by the cost model (``_form_cost``). With
+    ``_NARROW_256`` in it, on the H200 in two runs (twenty-seventh session,
+    ``bench_int4_large.py``, BENCHMARKS.md): 4096 x 6144 at M = 1024 took 75.8 / 78.1 us
+    against 89.7 / 85.7 (dequantize + cuBLAS), 14336 x 4096 at M = 512 84.7 / 83.8 against
+    97.8 / 100.2 (128 x 64), 4096 x 4096 at M = 512 26.6 / 26.2 against 29.2 / 29.2, 4096 x
+    28672 at M = 512 190.0 / 190.6 against 196.8 / 220.0 (256 x 128); no pick of 44 points
+    was slower than the previous model's."""
     plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
+    # min keeps the first of equal costs: _LARGE_WIDE before _NARROW_256, whose twice the
+    # waves of half the cost is exactly a tie
+    forms = (plain, _LARGE_WIDE, Int4GemmConfig("dequant"), _NARROW_256)
+    return min(forms, key=lambda cfg: _form_cost(cfg, m, n, k))
 
-    def waves(cfg: Int4GemmConfig, per_sm: int) -> int:
-        programs = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        return -(-programs // (per_sm * _ONE_WAVE))
 
-    costs = {
-        plain: waves(plain, 2) * (4.1 + 0.00655 * k),
-        _LARGE_WIDE: waves(_LARGE_WIDE, 1) * (2.7 + 0.01231 * k),
-        Int4GemmConfig("dequant"): 4.0 + 2 * m * n * k / 760e6 + 2.5 * n * k / 3.3e6,
-    }
-    # half of 256 x 128's products per program at half its cost, after it (min keeps the
-    # first of equal costs: twice the waves of half the cost is exactly a tie)
-    costs[_NARROW_256] = waves(_NARROW_256, 1) * (2.7 + 0.01231 * k) / 2
-    return min(costs, key=costs.get)
+# Rows past the last multiple of 256 that ``split_rows`` may leave to a second call.
+_SPLIT_REST = 64
+
+
+def split_rows(
+    m: int, n: int, k: int, group_size: int, device: torch.device, frag: bool = False
+) -> int:
+    """Above M = 256, with 1-64 rows past a multiple of 256: the rows up to that multiple,
+    where the cost model (``_form_cost``) puts two calls first (those rows on their config,
+    then the rest on theirs, the outputs joined); else 0 (one call). One call pays for the
+    few rows past the multiple with a whole wave more, or with dequantize + cuBLAS; the
+    second call reads the weight once more, at its small-M time (modelled as 2.5 us, the
+    weight's bytes at 3.3 TB/s and 0.2 us per row), and the join copies the output
+    (4 bytes per output at 3 TB/s). On the H200 (twenty-seventh session,
+    ``bench_int4_row_split.py``) 4096 x 28672 at M = 257 took 128.9 against 176.6 us in one
+    call, 14336 x 4096 at M = 257 / 513 63.2 / 105.5 against 98.6 / 122.3."""
+    rest = m % 256
+    if m <= 256 or not 0 < rest <= _SPLIT_REST:
+        return 0
+    main = m - rest
+    one = _form_cost(choose_config(m, n, k, group_size, device, frag), m, n, k)
+    first = _form_cost(choose_config(main, n, k, group_size, device, frag), main, n, k)
+    if one is None or first is None:
+        return 0
+    second = 2.5 + 0.5 * n * k / 3.3e6 + 0.2 * rest
+    join = 4 * m * n / 3.0e6
+    return main if first + second + join < one else 0
 
 
 def pad_rows(m: int, cfg: Int4GemmConfig) -> int:

@@ -26,6 +26,7 @@ from kernels.int4_gemm_config import (  # noqa: E402
     _NARROW_256,
     choose_config,
     pad_rows,
+    split_rows,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -553,6 +554,46 @@ def test_large_m_cost_model_takes_the_256_by_64_tiling_where_it_fills_the_waves(
         assert choose_config(m, n, k, 128, cpu, frag=True) == _NARROW_256, (m, n, k)
     for m, n, k in [(1024, 4096, 4096), (1024, 4096, 14336), (1024, 28672, 4096)]:
         assert choose_config(m, n, k, 128, cpu, frag=True) == _LARGE_WIDE, (m, n, k)
+
+
+def test_rows_past_a_multiple_of_256_run_as_a_second_call_where_the_model_puts_it_first():
+    """``split_rows``: above M = 256, with at most 64 rows past a multiple of 256, two calls
+    where the cost model puts them first. Points measured on the H200 as faster in two calls
+    (the wide weight and down_proj at M = 257-576, qkv at 257-288) split; points measured
+    slower (qkv at M = 513-800, o_proj at 288-800) and the rest do not, nor M <= 256,
+    multiples of 256 or more than 64 rows past one."""
+    cpu = torch.device("cpu")
+    for m, n, k in [(257, 28672, 4096), (320, 28672, 4096), (576, 28672, 4096),
+                    (257, 4096, 14336), (513, 4096, 14336), (264, 6144, 4096),
+                    (257, 4096, 4096)]:  # fmt: skip
+        assert split_rows(m, n, k, 128, cpu, frag=True) == m - m % 256, (m, n, k)
+    for m, n, k in [(513, 6144, 4096), (769, 6144, 4096), (800, 4096, 4096), (544, 4096, 4096),
+                    (288, 4096, 4096), (769, 28672, 4096), (800, 4096, 14336)]:  # fmt: skip
+        assert split_rows(m, n, k, 128, cpu, frag=True) == 0, (m, n, k)
+    for m in (1, 64, 200, 256, 512, 1024, 321, 600):
+        assert split_rows(m, 28672, 4096, 128, cpu, frag=True) == 0, m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(257, 4096, 14336), (300, 16440, 2048), (530, 4104, 8192)])
+def test_rows_split_into_two_calls_agree_with_the_reference(m, n, k):
+    """Where the table runs the rows past a multiple of 256 as a second call (``split_rows``),
+    the joined output has x's M rows in order and agrees with the reference, eagerly and
+    replayed from a CUDA graph; with a config given, one call."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the swapped wgmma kernel is for sm_90+")
+    assert split_rows(m, n, k, 128, torch.device("cuda"), frag=True) == m - m % 256
+    canon = random_weight(n, k, 128, seed=m)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    weight = canon.to_frag()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = int4_gemm(x, weight)
+    assert out.shape == (m, n) and out.is_contiguous()
+    assert_close(out, int4_gemm_ref(x, canon), torch.bfloat16, f"two calls M={m} N={n}")
+    assert_graph_replays(x, weight, canon, f"two calls M={m} N={n}, graph")
+    cfg = choose_config(m, n, k, 128, x.device, frag=True)
+    one = int4_gemm(x, weight, config=cfg)
+    assert_close(one, int4_gemm_ref(x, canon), torch.bfloat16, f"one call M={m} N={n}")
 
 
 @pytest.mark.gpu
