@@ -162,6 +162,30 @@ def shape_rows(shapes: list[tuple[int, int]], rows: list[int], desc: str = "shap
         yield k, n, m, peers, first
 
 
+def plot_pairs(path: str, curves: dict, title: str, log_x: bool = True) -> None:
+    """A PNG of bf16 time / INT4 time by M, one colour per shape: ``curves`` maps a label to
+    (Ms, solid ratios, dashed ratios), the solid line the candidate, the dashed its peer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (ms, solid, dashed) in curves.items():
+        (line,) = ax.plot(ms, solid, marker="o", label=label)
+        ax.plot(ms, dashed, ls="--", color=line.get_color())
+    ax.axhline(1.0, color="grey", lw=0.8)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (rows of x)")
+    ax.set_ylabel("bf16 time / INT4 time")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
 def candidates(m: int) -> list[Int4GemmConfig]:
     """Configs the sweep tries for M rows (kept small: device time is scarce): the shipped
     table's configs and neighbours of them with the inline-PTX dequantization (``asm``).

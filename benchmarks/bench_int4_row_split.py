@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import GROUP, SHAPES, graph_time_us, shape_rows  # noqa: E402
+from bench_int4_gemm import GROUP, SHAPES, graph_time_us, plot_pairs, shape_rows  # noqa: E402
 
 from kernels.int4_gemm import int4_gemm, int4_gemm_ref  # noqa: E402
 from kernels.int4_gemm_config import choose_config  # noqa: E402
@@ -72,25 +72,12 @@ def main() -> None:
               f"({main_rows} + {m - main_rows}) | {t_table:.1f} | {t_one / t_two:.2f} | "
               f"{t_bf16 / t_table:.2f}x | {err:.1e} |")  # fmt: skip
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
+        curves = {}
         for k, n in shapes:
             pts = [r for r in table if r[0] == k and r[1] == n]
-            ms = [r[2] for r in pts]
-            (line,) = ax.plot(ms, [r[4] / r[6] for r in pts], marker="o", label=f"{k}x{n}")
-            ax.plot(ms, [r[4] / r[5] for r in pts], ls="--", color=line.get_color())
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel("M (rows of x)")
-        ax.set_ylabel("bf16 time / INT4 time")
-        ax.set_title("two calls (solid) against one (dashed)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
+            curves[f"{k}x{n}"] = ([r[2] for r in pts], [r[4] / r[6] for r in pts],
+                                  [r[4] / r[5] for r in pts])  # fmt: skip
+        plot_pairs(args.plot, curves, "two calls (solid) against one (dashed)", log_x=False)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import SHAPES, Peers, graph_time_us  # noqa: E402
+from bench_int4_gemm import SHAPES, Peers, graph_time_us, plot_pairs  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from kernels import int4_gemm as G  # noqa: E402
@@ -119,28 +119,14 @@ def main() -> None:
               f"{tb / ta:.3f} | {t_bf16 / ta:.2f}x, {t_bf16 / tb:.2f}x | {err:.1e} | "
               f"{'yes' if equal else 'no'} |")  # fmt: skip
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
+        curves = {}
         for k, n in shapes:
             pts = [r for r in table if r[0] == k and r[1] == n and r[5] is not None]
-            if not pts:
-                continue
-            ms = [r[2] for r in pts]
-            (line,) = ax.plot(ms, [r[4] / r[6] for r in pts], marker="o", label=f"{k}x{n}")
-            ax.plot(ms, [r[4] / r[5] for r in pts], ls="--", color=line.get_color())
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("M (rows of x)")
-        ax.set_ylabel("bf16 time / INT4 time")
-        ax.set_title(f"swapped kernel: {args.option}={b} (solid) against {a} (dashed)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"plot: {args.plot}")
+            if pts:
+                curves[f"{k}x{n}"] = ([r[2] for r in pts], [r[4] / r[6] for r in pts],
+                                      [r[4] / r[5] for r in pts])  # fmt: skip
+        title = f"swapped kernel: {args.option}={b} (solid) against {a} (dashed)"
+        plot_pairs(args.plot, curves, title)
 
 
 if __name__ == "__main__":
