@@ -731,8 +731,9 @@ def int4_gemm(
 
     x: [..., K] fp16/bf16/fp32; weight: ``Int4Weight`` with N outputs; bias: [N] or None.
     Returns [..., N] in x's dtype. ``config`` overrides the table (tests, benchmarks). With
-    the table, 16-bit x of a few rows past a multiple of 256 may run as two calls, the rows
-    up to the multiple and the rest, joined (``split_rows``).
+    the table, where the swapped wgmma kernel applies (16-bit x on sm_90+), x of a few rows
+    past a multiple of 256 may run as two calls, the rows up to the multiple and the rest,
+    joined (``split_rows``).
     """
     _check(x, weight)
     lead = x.shape[:-1]
@@ -744,7 +745,8 @@ def int4_gemm(
     m, k = x2.shape
     n = weight.out_features
     main = 0
-    if config is None and x2.dtype in (torch.float16, torch.bfloat16):  # as the wgmma kernels
+    # the cost model is of the swapped wgmma kernel (16-bit x on sm_90+, K tiles of 128)
+    if config is None and int4_wgmma is not None and wgmma_swap_ok(x2, weight, 128):
         main = split_rows(m, n, k, weight.group_size, x2.device, frag=weight.frag)
     if main:
         out = torch.cat([_gemm_2d(x2[:main], weight, None), _gemm_2d(x2[main:], weight, None)])

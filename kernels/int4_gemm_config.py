@@ -232,7 +232,8 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 # K = 14336, ``bench_int4_large.py``, M = 256-2048), whose finer grid fills the waves where
 # 256 by 128 leaves them part empty. Where both fill them alike (twice the waves of half the
 # cost) 256 by 128 is kept: it was 2-8% faster there (x's tile serves twice the weight rows).
-# All these tilings store 16 bytes at a time (``vector_store``), 2-7% faster above M = 128.
+# All these tilings store 16 bytes at a time (``vector_store``): 0.5-7% faster above M = 128,
+# but for 1.5% slower on 14336 x 4096 at M = 512 (BENCHMARKS.md, twenty-seventh session).
 _LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, vector_store=True)
 _LARGE_PLAIN_FRAG = Int4GemmConfig(
     "wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True, vector_store=True
@@ -381,6 +382,7 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
 _SPLIT_REST = 64
 
 
+@functools.lru_cache(maxsize=8192)  # int4_gemm asks on every eager call above M = 256
 def split_rows(
     m: int, n: int, k: int, group_size: int, device: torch.device, frag: bool = False
 ) -> int:
