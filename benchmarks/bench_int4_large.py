@@ -1,7 +1,7 @@
-"""Above M = 256: the three forms the table's cost model picks from (``_large_config``:
-the swapped kernel at 128 x 64 (plain, two per multiprocessor), at 256 x 128 (warp-
-specialized, one per multiprocessor), or dequantize + cuBLAS), each timed beside bf16 cuBLAS
-on the engine's word order (bench_int4_gemm.py's harness: CUDA-graph replays over weight
+"""Above M = 256: the four forms the table's cost model picks from (``_large_config``:
+the swapped kernel at 128 x 64 (plain, two per multiprocessor), at 256 x 128 or 256 x 64
+(warp-specialized, one per multiprocessor), or dequantize + cuBLAS), each timed beside bf16
+cuBLAS on the engine's word order (bench_int4_gemm.py's harness: CUDA-graph replays over weight
 copies that exceed L2, median per call), and the table's config (at M <= 256 another form),
 with the fastest marked. For refitting the model when a kernel option changes the swapped
 kernel's speed.
@@ -30,7 +30,7 @@ from bench_int4_gemm import GROUP, SHAPES, shape_rows  # noqa: E402
 
 from kernels import int4_gemm_config as C  # noqa: E402
 
-FORMS = "128x64,256x128,dequant"
+FORMS = "128x64,256x128,256x64,dequant"
 
 
 def form(name: str, frag: bool) -> C.Int4GemmConfig:

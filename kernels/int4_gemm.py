@@ -744,10 +744,12 @@ def int4_gemm(
         x2 = x2.contiguous()
     m, k = x2.shape
     n = weight.out_features
-    main = 0
-    # the cost model is of the swapped wgmma kernel (16-bit x on sm_90+, K tiles of 128)
-    if config is None and int4_wgmma is not None and wgmma_swap_ok(x2, weight, 128):
-        main = split_rows(m, n, k, weight.group_size, x2.device, frag=weight.frag)
+    g = weight.group_size
+    main = 0 if config is not None else split_rows(m, n, k, g, x2.device, weight.frag)
+    # the cost model is of the swapped wgmma kernel (16-bit x on sm_90+, K tiles of 128);
+    # asked only where a split is wanted (a lookup per eager call, not the TMA checks)
+    if main and (int4_wgmma is None or not wgmma_swap_ok(x2, weight, 128)):
+        main = 0
     if main:
         out = torch.cat([_gemm_2d(x2[:main], weight, None), _gemm_2d(x2[main:], weight, None)])
     else:

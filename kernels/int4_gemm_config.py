@@ -349,14 +349,13 @@ def _form_cost(cfg: Int4GemmConfig, m: int, n: int, k: int) -> float | None:
     per_sm = 1 if cfg.specialized else 2
     programs = -(-m // cfg.block_m) * -(-n // cfg.block_n)
     waves = -(-programs // (per_sm * _ONE_WAVE))
-    tiling = (cfg.block_m, cfg.block_n, cfg.specialized)
+    wide = 2.7 + 0.01231 * k  # a wave of 256 x 128
     per_wave = {
         (128, 64, False): 4.1 + 0.00655 * k,
         (128, 64, True): 3.1 + 0.00321 * k,
-        (256, 128, True): 2.7 + 0.01231 * k,
-        # half of 256 x 128's products per program at half its cost
-        (256, 64, True): (2.7 + 0.01231 * k) / 2,
-    }.get(tiling)
+        (256, 128, True): wide,
+        (256, 64, True): wide / 2,  # half of 256 x 128's products per program
+    }.get((cfg.block_m, cfg.block_n, cfg.specialized))
     return None if per_wave is None else waves * per_wave
 
 
