@@ -5,7 +5,7 @@ in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies that
 median time per call), beside bf16 cuBLAS, on the engine's word order.
 
     python3 benchmarks/bench_int4_swap_grid.py [--shapes 4096x6144,...] [--rows 32,64] \
-        [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128]
+        [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128] [--warps 4,8]
     for i in 0 1 2 3; do python3 benchmarks/bench_int4_swap_grid.py ARGS --compile-only $i/4 & \
         done; wait; python3 benchmarks/bench_int4_swap_grid.py ARGS   # compiled in parallel
 
@@ -55,7 +55,7 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
 def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
     """Every valid combination of the axes, the base first."""
     out = [base]
-    for split, stages, cap, spec, pipe, block_n, first in itertools.product(
+    for split, stages, cap, spec, pipe, block_n, first, warps in itertools.product(
         args.splits,
         args.stages,
         args.caps,
@@ -63,9 +63,13 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
         (False, True),
         args.block_n,
         (False, True),
+        args.warps or [0],
     ):
-        warps = 8 if block_n == 128 and base.block_m >= 64 else 4
+        if not warps:  # the old rule: two warpgroups for 128 weight rows at M >= 64
+            warps = 8 if block_n == 128 and base.block_m >= 64 else 4
         if first and spec:  # weights_first is the plain form's
+            continue
+        if block_n < 16 * warps:  # every warp holds at least one 16-row tile
             continue
         try:
             cfg = dataclasses.replace(
@@ -98,6 +102,11 @@ def main() -> None:
     parser.add_argument("--stages", default="2,3,4")
     parser.add_argument("--caps", default="0,168")
     parser.add_argument("--block-n", default="64,128")
+    parser.add_argument(
+        "--warps",
+        default="",
+        help="warps per program (4, 8); default: 8 for 128 weight rows at M >= 64, else 4",
+    )
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--compile-only", default=None, help="I/N: every N-th variant, untimed")
     args = parser.parse_args()
@@ -105,6 +114,7 @@ def main() -> None:
     args.splits, args.stages, args.caps, args.block_n = map(
         ints, (args.splits, args.stages, args.caps, args.block_n)
     )
+    args.warps = ints(args.warps) if args.warps else []
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     table = []

@@ -10,6 +10,8 @@ Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, the
 Tiles: wgmma N = ROWS (default 8 and 16), 128 weight rows, K tiles of 128, 4 warps, 4 stages,
 bf16, no split (the table's tiling for wide weights at M = 1 and 16).
 
+``--overlap`` instead counts, for the table's tilings at M <= 64, the decode's instructions
+that run while a wgmma is in flight, and the instructions per K tile.
 ``--stores`` instead counts the epilogue's stores and loads with and without
 ``vector_store`` (16-byte accesses through shared memory). ``--race`` instead checks the
 table's large-M tilings, with and without two wgmmas in flight (``pipe``), for writes to an
@@ -153,6 +155,57 @@ def inflight_operand_writes(cubin: bytes) -> list[str]:
     return races
 
 
+def decode_overlap(cubin: bytes) -> tuple[int, int]:
+    """(decode LOP3s issued while a wgmma group is in flight, all decode LOP3s) in the K loop,
+    walked twice for the back edge and counted on the second walk: a group is in flight from
+    its last HGMMA (``gsb0``) until a ``WARPGROUP.DEPBAR.LE gsb0, n`` leaves fewer than it.
+    The decode's LOP3s are those with the codes' mask ``0xf000f``."""
+    sass = cuobjdump(cubin, "-sass")
+    insts = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
+    ]
+    body = None
+    for addr, text in insts:
+        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loop = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
+            if any("HGMMA" in t for t in loop) and (body is None or len(loop) < len(body)):
+                body = loop
+    in_flight, overlapped, total = 0, 0, 0
+    for walk in (0, 1):
+        for text in body or []:
+            op = re.sub(r"^@!?U?P\w+\s+", "", text)
+            if op.startswith("HGMMA") and "gsb0" in op:
+                in_flight += 1
+            wait = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", op)
+            if wait:
+                in_flight = min(in_flight, int(wait.group(1)))
+            if walk and op.startswith("LOP3") and "0xf000f" in op:
+                total += 1
+                overlapped += in_flight > 0
+    return overlapped, total
+
+
+def check_overlap() -> None:
+    """``--overlap``: how much of the decode runs beside a wgmma in flight, for the table's
+    swapped tilings at M <= 64 (plain loop) and the wide one at M = 33-64 with two wgmmas in
+    flight (``pipe``): in the plain loop ptxas puts the wait for the wgmma before the next
+    tile's decode, whose registers are the in-flight wgmma's operand."""
+    tilings = [(16, 128, 4, 4, {"pdl": 3}), (64, 64, 6, 4, {"pdl": 3}),
+               (64, 128, 4, 8, {"pdl": 3}), (64, 128, 4, 4, {"pdl": 3}),
+               (64, 128, 4, 4, {"pdl": 3, "pipe": True})]  # fmt: skip
+    for rows, block_n, stages, warps, kwargs in tilings:
+        cubin = compile_swap(rows, True, block_n, stages, warps, tiled=True, **kwargs)
+        ops = main_loop(cubin)
+        per_tile = len(ops) // (2 if kwargs.get("pipe") else 1)
+        regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
+        overlapped, total = decode_overlap(cubin)
+        print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps {kwargs}: {per_tile} "
+              f"instructions per K tile, {regs} registers, {overlapped} of {total} decode LOP3s "
+              f"beside a wgmma in flight")  # fmt: skip
+
+
 def check_races() -> None:
     """``--race``: the two-wgmmas-in-flight loop (``pipe``) on the table's tilings must never
     write an in-flight wgmma's operand registers (the check flags the loop-carried form the
@@ -197,6 +250,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--stores"]:
         store_counts()
+        return
+    if sys.argv[1:] == ["--overlap"]:
+        check_overlap()
         return
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
         for frag, tiled in ((False, False), (True, False), (True, True)):

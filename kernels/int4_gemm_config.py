@@ -258,10 +258,22 @@ _NARROW_256 = Int4GemmConfig(
 
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
-    128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64 (8 warps
-    at M = 33-64 in fragment order), ``_WIDE_128`` up to 128, then ``_LARGE_WIDE``: x tiles
-    of 256 rows (half of them zeros at M = 129-255), warp-specialized (a producer warp issues
-    the TMA refills), two wgmmas in flight.
+    128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64, one
+    warpgroup (4 warps), ``_WIDE_128`` up to 128, then ``_LARGE_WIDE``: x tiles of 256 rows
+    (half of them zeros at M = 129-255), warp-specialized (a producer warp issues the TMA
+    refills), two wgmmas in flight.
+
+    At M = 33-64 in fragment order the one warpgroup keeps two wgmmas in flight (``pipe``),
+    where until the twenty-eighth session two warpgroups of 64 weight rows each ran the plain
+    loop. Each thread then decodes 16 words per K tile instead of 8, so the loop's fixed
+    work (ring barriers, TMA issue, the wgmma chain) is spread over twice the weights: 383
+    instructions per K tile for 128 weights a thread against 258 for 64, and every decode
+    instruction beside a wgmma in flight, where the plain loop runs none so (offline sm_90
+    SASS, ``benchmarks/sass_int4_swap.py --overlap``). On an H100 (the device tool lent no H200 that
+    session; ``bench_int4_swap_grid.py --shapes 4096x28672 --rows 40,48,56,64 --block-n 128
+    --warps 4,8 --stages 4 --splits 1``, twice in one process) 4096 x 28672 took 36.1-37.0 us
+    at M = 40-64 against 37.8-38.6 for the two-warpgroup form; 4 warps without ``pipe`` were
+    slower (40.8-41.1 at M = 48-64), and at M = 32 ``pipe`` was slower (30.2 against 29.3).
 
     Up to M = 64 the kernel is launched as a programmatic dependent that copies its ring's
     first weight tiles before it waits (``weights_first``, form 3 of ``int4_wgmma_swap``). In
@@ -276,10 +288,9 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     if m > 64:
         return _WIDE_128
     rows = max(8, 1 << (m - 1).bit_length())
-    warps = 8 if frag and rows >= 64 else 4
     return Int4GemmConfig(
-        "wgmma", rows, 128, 128, 1, warps, 4, swap=True, pdl=True, weights_first=True,
-        vector_store=m > 16,
+        "wgmma", rows, 128, 128, 1, 4, 4, swap=True, pdl=True, weights_first=True,
+        vector_store=m > 16, pipe=frag and rows >= 64,
     )  # fmt: skip
 
 

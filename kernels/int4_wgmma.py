@@ -522,7 +522,10 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
     for kt in range(num_k):
         acc = warpgroup_mma(a, x_bufs.index(kt % NUM_STAGES).permute((1, 0)), acc, is_async=True)
         # the next tile (the last one again at the end: its slot is never refilled) is decoded
-        # while the tensor cores multiply this one
+        # here, but not while the tensor cores multiply this one: ``a_next`` becomes ``a``,
+        # so it gets ``a``'s registers, and ptxas puts the wait below ahead of the decode
+        # (``benchmarks/sass_int4_swap.py --overlap``: none of the decode's instructions run
+        # beside a wgmma in flight; with ``PIPE`` all of them do)
         a_next = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 1, num_k - 1), sel,
                               a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
                               FRAG)  # fmt: skip

@@ -519,6 +519,23 @@ def test_narrow_swap_issues_the_weight_first_at_m_17_to_64():
         assert cfg.num_stages <= 4 and (cfg.weights_first == (n > 8192)), (m, n, k, cfg)
 
 
+def test_wide_weights_at_m_33_to_64_run_one_warpgroup_with_two_wgmmas_in_flight():
+    """Wide weights (N > 8192) in fragment order at M = 33-64 run the swapped kernel's 64-row x
+    tiles over 128 weight rows with one warpgroup (16 words a thread per K tile) and two
+    wgmmas in flight, faster than two warpgroups of 64 rows in the plain loop on the H100 of
+    the twenty-eighth session; 32-row x tiles and canonical words keep the plain loop (two
+    wgmmas in flight were slower at M = 32)."""
+    cpu = torch.device("cpu")
+    for m, n in [(33, 28672), (48, 28672), (64, 28672), (64, 16400)]:
+        cfg = choose_config(m, n, 4096, 128, cpu, frag=True)
+        got = (cfg.strategy, cfg.swap, cfg.block_m, cfg.block_n, cfg.num_warps, cfg.pipe)
+        assert got == ("wgmma", True, 64, 128, 4, True), (m, n, cfg)
+        assert cfg.weights_first and cfg.pdl and not cfg.specialized, (m, n, cfg)
+    for m, frag in [(17, True), (32, True), (48, False), (64, False)]:
+        cfg = choose_config(m, 28672, 4096, 128, cpu, frag=frag)
+        assert cfg.swap and cfg.num_warps == 4 and not cfg.pipe, (m, frag, cfg)
+
+
 def test_swapped_kernel_stores_16_bytes_except_on_unsplit_64_row_tiles():
     """The table's swapped kernel above M = 16 stores its outputs (and split-K slots) 16
     bytes at a time through shared memory (``vector_store``), as it paid on the H200 on every

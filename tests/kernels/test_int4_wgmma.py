@@ -296,13 +296,16 @@ def test_swap_dependent_launch_sees_a_write_that_lands_after_it(frag, mode):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
-@pytest.mark.parametrize("m", [1, 16, 40])
-def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m):
+@pytest.mark.parametrize(
+    "order, m, pipe",
+    [(order, m, False) for order in ("canonical", "frag", "tiled") for m in (1, 16, 40)]
+    + [("frag", 40, True), ("tiled", 64, True)],  # the table's wide form at M = 33-64
+)
+def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m, pipe):
     """``pdl=3`` (``weights_first``) copies the weight's first tiles before it waits on the
     previous kernel, x's only after: with that kernel letting it start at once and writing x
     only after a long spin, the output is that of the new x, eagerly and replayed from a
-    CUDA graph."""
+    CUDA graph; also with two wgmmas in flight (``pipe``, 128 weight rows, one warpgroup)."""
     import triton
 
     late_copy = late_copy_kernel()
@@ -319,9 +322,11 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m):
         x.copy_(old_x)
         late_copy[(triton.cdiv(x.numel(), 4096),)](new_x, x, spin, x.numel(), SPIN=20000,
                                                    BLOCK=4096)  # fmt: skip
+        if pipe:
+            return int4_wgmma_swap(x, words, rows, 128, 128, 2, 4, 4, pipe=True, pdl=3)
         return int4_wgmma_swap(x, words, rows, 64, 128, 2, 4, 4, pdl=3)
 
-    what = f"swapped kernel, weights first, {order} words, M={m}"
+    what = f"swapped kernel, weights first, {order} words, M={m}, pipe={pipe}"
     assert_eager_and_replayed(step, ref, what)
 
 
