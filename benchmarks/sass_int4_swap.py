@@ -112,27 +112,34 @@ def compile_swap(
     return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
 
 
-def inflight_operand_writes(cubin: bytes) -> list[str]:
-    """Instructions of the K loop (walked twice, for the back edge) that write a register an
-    HGMMA still in flight reads as its A operand: a wgmma reads its register operand
-    asynchronously, so such a write (a loop-carried operand moved into place, say) races with
-    it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, n``."""
+def k_loop(cubin: bytes) -> list[str]:
+    """The K loop's instructions (whole SASS lines, predicates kept): the smallest loop (a
+    backward branch) around an HGMMA; empty if there is none."""
     sass = cuobjdump(cubin, "-sass")
     insts = [
         (int(m.group(1), 16), m.group(2).strip())
         for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
     ]
-    body = None
+    body: list[str] = []
     for addr, text in insts:
         target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr:
             loop = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
-            if any("HGMMA" in t for t in loop) and (body is None or len(loop) < len(body)):
+            if any("HGMMA" in t for t in loop) and (not body or len(loop) < len(body)):
                 body = loop
+    return body
+
+
+def inflight_operand_writes(cubin: bytes) -> list[str]:
+    """Instructions of the K loop (walked twice, for the back edge) that write a register an
+    HGMMA still in flight reads as its A operand: a wgmma reads its register operand
+    asynchronously, so such a write (a loop-carried operand moved into place, say) races with
+    it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, n``."""
+    body = k_loop(cubin)
     groups: list[set[int]] = []  # A registers of each HGMMA group in flight, oldest first
     pending: list[int] = []
     races = []
-    for text in (body or []) * 2:
+    for text in body * 2:
         op = re.sub(r"^@!?U?P\w+\s+", "", text)
         if op.startswith("HGMMA"):
             first = int(re.search(r"HGMMA\S*\s+R\d+,\s*R(\d+)", op).group(1))
@@ -160,21 +167,10 @@ def decode_overlap(cubin: bytes) -> tuple[int, int]:
     walked twice for the back edge and counted on the second walk: a group is in flight from
     its last HGMMA (``gsb0``) until a ``WARPGROUP.DEPBAR.LE gsb0, n`` leaves fewer than it.
     The decode's LOP3s are those with the codes' mask ``0xf000f``."""
-    sass = cuobjdump(cubin, "-sass")
-    insts = [
-        (int(m.group(1), 16), m.group(2).strip())
-        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
-    ]
-    body = None
-    for addr, text in insts:
-        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < addr:
-            loop = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
-            if any("HGMMA" in t for t in loop) and (body is None or len(loop) < len(body)):
-                body = loop
+    body = k_loop(cubin)
     in_flight, overlapped, total = 0, 0, 0
     for walk in (0, 1):
-        for text in body or []:
+        for text in body:
             op = re.sub(r"^@!?U?P\w+\s+", "", text)
             if op.startswith("HGMMA") and "gsb0" in op:
                 in_flight += 1
@@ -211,7 +207,8 @@ def check_races() -> None:
     write an in-flight wgmma's operand registers (the check flags the loop-carried form the
     first version had: 32 moves into the operand of the wgmma still running)."""
     tilings = [(256, 128, 3, 8, True), (256, 128, 3, 8, False), (128, 64, 3, 4, False),
-               (128, 64, 4, 4, True), (64, 64, 4, 4, False), (16, 64, 4, 4, False)]  # fmt: skip
+               (128, 64, 4, 4, True), (64, 128, 4, 4, False), (64, 64, 4, 4, False),
+               (16, 64, 4, 4, False)]  # fmt: skip
     for rows, block_n, stages, warps, specialized in tilings:
         for frag in (False, True):
             for pipe in (False, True):
