@@ -269,11 +269,12 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     work (ring barriers, TMA issue, the wgmma chain) is spread over twice the weights: 383
     instructions per K tile for 128 weights a thread against 258 for 64, and every decode
     instruction beside a wgmma in flight, where the plain loop runs none so (offline sm_90
-    SASS, ``benchmarks/sass_int4_swap.py --overlap``). On an H100 (the device tool lent no H200 that
-    session; ``bench_int4_swap_grid.py --shapes 4096x28672 --rows 40,48,56,64 --block-n 128
-    --warps 4,8 --stages 4 --splits 1``, twice in one process) 4096 x 28672 took 36.1-37.0 us
-    at M = 40-64 against 37.8-38.6 for the two-warpgroup form; 4 warps without ``pipe`` were
-    slower (40.8-41.1 at M = 48-64), and at M = 32 ``pipe`` was slower (30.2 against 29.3).
+    SASS, ``benchmarks/sass_int4_swap.py --overlap``). On an H100 (the device tool lent no
+    H200 that session; ``bench_int4_swap_grid.py --shapes 4096x28672 --rows 40,48,56,64
+    --block-n 128 --warps 4,8 --stages 4 --splits 1``, twice in one process) 4096 x 28672
+    took 36.1-37.0 us at M = 40-64 against 37.8-38.6 for the two-warpgroup form; 4 warps
+    without ``pipe`` were slower (40.7-41.1 at M = 48-64), and at M = 32 ``pipe`` was slower
+    (30.2 against 29.3).
 
     Up to M = 64 the kernel is launched as a programmatic dependent that copies its ring's
     first weight tiles before it waits (``weights_first``, form 3 of ``int4_wgmma_swap``). In
