@@ -101,9 +101,9 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
 
 
-def main_loop(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
-    """Opcodes of the smallest (``largest``: the largest) loop (backward branch) that contains
-    an ``op`` instruction."""
+def loop_body(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
+    """Instructions (predicates dropped, operands kept) of the smallest (``largest``: the
+    largest) loop (backward branch) that contains an ``op`` instruction."""
     sass = cuobjdump(cubin, "-sass")
     insts = [
         (int(m.group(1), 16), m.group(2).strip())
@@ -119,7 +119,12 @@ def main_loop(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[st
     if not loops:
         raise SystemExit(f"no loop around an {op} found")
     body = (max if largest else min)(loops, key=len)
-    return [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
+    return [re.sub(r"^@!?U?P\w+\s+", "", t) for t in body]
+
+
+def main_loop(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
+    """Opcodes of ``loop_body``'s loop."""
+    return [t.split()[0].split(".")[0] for t in loop_body(cubin, op, largest)]
 
 
 def main() -> None:

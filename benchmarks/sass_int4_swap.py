@@ -10,8 +10,8 @@ Triton: ``python -m pip install --no-deps --target /tmp/t36 triton==3.6.0``, the
 Tiles: wgmma N = ROWS (default 8 and 16), 128 weight rows, K tiles of 128, 4 warps, 4 stages,
 bf16, no split (the table's tiling for wide weights at M = 1 and 16).
 
-``--overlap`` instead counts, for the table's tilings at M <= 64, the decode's instructions
-that run while a wgmma is in flight, and the instructions per K tile.
+``--overlap`` instead counts, for the table's tilings at M <= 128, the decode's instructions
+that run while a wgmma is in flight, and the K loop's instructions by opcode.
 ``--stores`` instead counts the epilogue's stores and loads with and without
 ``vector_store`` (16-byte accesses through shared memory). ``--race`` instead checks the
 table's large-M tilings, with and without two wgmmas in flight (``pipe``), for writes to an
@@ -35,7 +35,7 @@ from triton.runtime.jit import mangle_type
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sass_int4_mm import cuobjdump, main_loop  # noqa: E402
+from sass_int4_mm import cuobjdump, loop_body, main_loop  # noqa: E402
 
 from kernels import int4_wgmma as W  # noqa: E402
 
@@ -112,35 +112,16 @@ def compile_swap(
     return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
 
 
-def k_loop(cubin: bytes) -> list[str]:
-    """The K loop's instructions (whole SASS lines, predicates kept): the smallest loop (a
-    backward branch) around an HGMMA; empty if there is none."""
-    sass = cuobjdump(cubin, "-sass")
-    insts = [
-        (int(m.group(1), 16), m.group(2).strip())
-        for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?);", sass)
-    ]
-    body: list[str] = []
-    for addr, text in insts:
-        target = re.search(r"BRA\s.*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < addr:
-            loop = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
-            if any("HGMMA" in t for t in loop) and (not body or len(loop) < len(body)):
-                body = loop
-    return body
-
-
 def inflight_operand_writes(cubin: bytes) -> list[str]:
     """Instructions of the K loop (walked twice, for the back edge) that write a register an
     HGMMA still in flight reads as its A operand: a wgmma reads its register operand
     asynchronously, so such a write (a loop-carried operand moved into place, say) races with
     it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, n``."""
-    body = k_loop(cubin)
+    body = loop_body(cubin)
     groups: list[set[int]] = []  # A registers of each HGMMA group in flight, oldest first
     pending: list[int] = []
     races = []
-    for text in body * 2:
-        op = re.sub(r"^@!?U?P\w+\s+", "", text)
+    for op in body * 2:
         if op.startswith("HGMMA"):
             first = int(re.search(r"HGMMA\S*\s+R\d+,\s*R(\d+)", op).group(1))
             pending += range(first, first + 4)
@@ -162,16 +143,15 @@ def inflight_operand_writes(cubin: bytes) -> list[str]:
     return races
 
 
-def decode_overlap(cubin: bytes) -> tuple[int, int]:
-    """(decode LOP3s issued while a wgmma group is in flight, all decode LOP3s) in the K loop,
-    walked twice for the back edge and counted on the second walk: a group is in flight from
-    its last HGMMA (``gsb0``) until a ``WARPGROUP.DEPBAR.LE gsb0, n`` leaves fewer than it.
-    The decode's LOP3s are those with the codes' mask ``0xf000f``."""
-    body = k_loop(cubin)
+def decode_overlap(body: list[str]) -> tuple[int, int]:
+    """(decode LOP3s issued while a wgmma group is in flight, all decode LOP3s) in the K loop
+    ``body`` (``loop_body``), walked twice for the back edge and counted on the second walk:
+    a group is in flight from its last HGMMA (``gsb0``) until a ``WARPGROUP.DEPBAR.LE gsb0,
+    n`` leaves fewer than it. The decode's LOP3s are those with the codes' mask
+    ``0xf000f``."""
     in_flight, overlapped, total = 0, 0, 0
     for walk in (0, 1):
-        for text in body:
-            op = re.sub(r"^@!?U?P\w+\s+", "", text)
+        for op in body:
             if op.startswith("HGMMA") and "gsb0" in op:
                 in_flight += 1
             wait = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", op)
@@ -185,21 +165,26 @@ def decode_overlap(cubin: bytes) -> tuple[int, int]:
 
 def check_overlap() -> None:
     """``--overlap``: how much of the decode runs beside a wgmma in flight, for the table's
-    swapped tilings at M <= 64 (plain loop) and the wide one at M = 33-64 with two wgmmas in
-    flight (``pipe``): in the plain loop ptxas puts the wait for the wgmma before the next
-    tile's decode, whose registers are the in-flight wgmma's operand."""
+    swapped tilings at M <= 128 (the loop without ``pipe``, plain and warp-specialized), one
+    warpgroup over 128 weight rows without it, and the wide form at M = 33-64 with two wgmmas
+    in flight: in the loop without ``pipe`` ptxas puts the wait for the wgmma before the next
+    tile's decode, whose registers are the in-flight wgmma's operand. Prints each K loop's
+    instructions per K tile and its opcodes, most frequent first."""
     tilings = [(16, 128, 4, 4, {"pdl": 3}), (64, 64, 6, 4, {"pdl": 3}),
                (64, 128, 4, 8, {"pdl": 3}), (64, 128, 4, 4, {"pdl": 3}),
-               (64, 128, 4, 4, {"pdl": 3, "pipe": True})]  # fmt: skip
+               (64, 128, 4, 4, {"pdl": 3, "pipe": True}), (128, 64, 3, 4, {}),
+               (128, 64, 4, 4, {"specialized": True})]  # fmt: skip
     for rows, block_n, stages, warps, kwargs in tilings:
         cubin = compile_swap(rows, True, block_n, stages, warps, tiled=True, **kwargs)
-        ops = main_loop(cubin)
-        per_tile = len(ops) // (2 if kwargs.get("pipe") else 1)
+        body = loop_body(cubin)
+        tiles = 2 if kwargs.get("pipe") else 1  # the two-wgmma loop runs K tiles in pairs
         regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
-        overlapped, total = decode_overlap(cubin)
-        print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps {kwargs}: {per_tile} "
-              f"instructions per K tile, {regs} registers, {overlapped} of {total} decode LOP3s "
-              f"beside a wgmma in flight")  # fmt: skip
+        overlapped, total = decode_overlap(body)
+        ops = collections.Counter(op.split()[0].split(".")[0] for op in body)
+        print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps {kwargs}: "
+              f"{len(body) // tiles} instructions per K tile, {regs} registers, {overlapped} of "
+              f"{total} decode LOP3s beside a wgmma in flight; per loop of {tiles} K tile(s): "
+              f"{', '.join(f'{op} {n}' for op, n in ops.most_common())}")  # fmt: skip
 
 
 def check_races() -> None:
