@@ -55,7 +55,7 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
 def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
     """Every valid combination of the axes, the base first."""
     out = [base]
-    for split, stages, cap, spec, pipe, block_n, first, warps in itertools.product(
+    for split, stages, cap, spec, pipe, block_n, first, warps, wsplit in itertools.product(
         args.splits,
         args.stages,
         args.caps,
@@ -64,6 +64,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
         args.block_n,
         (False, True),
         args.warps or [0],
+        args.wsplit,
     ):
         if not warps:  # the old rule: two warpgroups for 128 weight rows at M >= 64
             warps = 8 if block_n == 128 and base.block_m >= 64 else 4
@@ -75,9 +76,9 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
             cfg = dataclasses.replace(
                 base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
                 pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
-                pdl=first or (base.pdl and not base.weights_first),
+                pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
             )  # fmt: skip
-        except ValueError:  # pipe with fewer than 3 stages
+        except ValueError:  # pipe with fewer than 3 stages; wsplit where it does not apply
             continue
         if cfg not in out:
             out.append(cfg)
@@ -107,6 +108,11 @@ def main() -> None:
         default="",
         help="warps per program (4, 8); default: 8 for 128 weight rows at M >= 64, else 4",
     )
+    parser.add_argument(
+        "--wsplit",
+        default="0",
+        help="0,1: a second warpgroup over the later half of each program's K tiles (1)",
+    )
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--compile-only", default=None, help="I/N: every N-th variant, untimed")
     args = parser.parse_args()
@@ -115,6 +121,7 @@ def main() -> None:
         ints, (args.splits, args.stages, args.caps, args.block_n)
     )
     args.warps = ints(args.warps) if args.warps else []
+    args.wsplit = ints(args.wsplit)
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     table = []

@@ -54,6 +54,8 @@ def compile_swap(
     tiled: bool = False,
     vector_store: bool = False,
     mode: int = 0,
+    wsplit: bool = False,
+    wsplit_regs: int = 200,
 ) -> bytes:
     """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
     the arguments: only their types and the descriptors' blocks matter)."""
@@ -91,6 +93,8 @@ def compile_swap(
         "PIPE": pipe,
         "PDL": pdl,
         "VECTOR_STORE": vector_store,
+        "WSPLIT": wsplit,
+        "WSPLIT_REGS": wsplit_regs,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel

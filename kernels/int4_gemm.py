@@ -878,7 +878,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
                 x, weight, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages,
                 cfg.num_warps, cfg.specialized, pipe=cfg.pipe,
                 pdl=3 if cfg.weights_first else cfg.pdl, maxnreg=cfg.maxnreg,
-                vector_store=cfg.vector_store,
+                vector_store=cfg.vector_store, wsplit=cfg.wsplit,
             )  # fmt: skip
             return out[:m] if pad else out
         # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads fragment-ordered words,

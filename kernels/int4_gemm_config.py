@@ -59,7 +59,10 @@ class Int4GemmConfig:
     every program is past its main loop and copies its ring's first weight tiles before it
     waits on the previous kernel, x's after (form 3); ``vector_store`` passes the accumulator
     through shared memory so that each thread stores 8 consecutive outputs (and 8 floats of a
-    split-K slot) at once, where the wgmma layout stores 2 bytes at a time.
+    split-K slot) at once, where the wgmma layout stores 2 bytes at a time; ``wsplit`` (not
+    ``specialized``, ``num_warps`` 4, no ``maxnreg``) adds a second warpgroup that takes the
+    later half of each program's K tiles on a ring of its own (``num_stages`` more slots) and
+    hands its sum to the first through shared memory once both are done.
     ``mma`` (sm_80+, 16-bit x, fragment-ordered words, groups of a multiple of 128: the register
     mma kernel of ``kernels.int4_mma``): ``block_m`` x rows per program, ``block_n`` weight
     rows per program: ``num_warps`` warps of 16, 32 or 64 rows each (``row_tiles`` of 16), or
@@ -124,9 +127,15 @@ class Int4GemmConfig:
         for name in ("specialized", "pipe", "vector_store"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
-        if self.wsplit and self.strategy != "mma":
-            raise ValueError("wsplit applies to the mma strategy only")
-        if self.x_smem and not self.wsplit:
+        swap_plain = self.strategy == "wgmma" and self.swap and not self.specialized
+        if self.wsplit and not (
+            self.strategy == "mma" or (swap_plain and self.num_warps == 4 and not self.maxnreg)
+        ):
+            raise ValueError(
+                "wsplit applies to the mma strategy, and to the wgmma strategy with swap=True, "
+                "specialized=False, num_warps=4 and no maxnreg"
+            )
+        if self.x_smem and not (self.wsplit and self.strategy == "mma"):
             raise ValueError("x_smem applies to the mma strategy with wsplit=True only")
         if self.scaled and not self.x_smem:
             raise ValueError("scaled applies to the mma strategy with x_smem=True only")
@@ -160,7 +169,6 @@ class Int4GemmConfig:
                 "the mma strategy gives each warp 16, 32 or 64 weight rows: block_n must be "
                 f"that{'' if self.wsplit else ' times num_warps'}, got {self.block_n}"
             )
-        swap_plain = self.strategy == "wgmma" and self.swap and not self.specialized
         if self.weights_first and not ((self.strategy == "mma" or swap_plain) and self.pdl):
             raise ValueError(
                 "weights_first applies to the mma strategy and the wgmma strategy with "

@@ -555,6 +555,21 @@ def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 
 
 @gluon.jit
+def _swap_second_half(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
+                      num_k, k_tile0, off_m, off_n, L3: gl.constexpr, S_LAYOUT: gl.constexpr,
+                      GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr, FRAG: gl.constexpr,
+                      num_warps: gl.constexpr, PIPE: gl.constexpr, red):  # fmt: skip
+    """``WSPLIT``'s second warpgroup: the loop over the program's later K tiles on its own
+    ring (refilled by itself, its ``gl.thread_barrier`` a named barrier of its 4 warps), its
+    sum stored into ``red`` for the first warpgroup to add after the join."""
+    (acc,) = _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                            ready, ready, num_k, k_tile0, off_m, off_n, L3, S_LAYOUT,
+                            GROUP_TILES, NUM_STAGES, False, FRAG, num_warps, 0,
+                            PIPE)  # fmt: skip
+    red.store(acc)
+
+
+@gluon.jit
 def _int4_wgmma_swap_kernel(
     x_desc,  # x [M, K], block [BLOCK_M, BLOCK_K]
     qw_desc,  # packed words [N, K // 8], block [BLOCK_N, BLOCK_K // 8] (or in tile order)
@@ -582,6 +597,8 @@ def _int4_wgmma_swap_kernel(
     PIPE: gl.constexpr = False,  # two wgmmas in flight (``_swap_mainloop``)
     PDL: gl.constexpr = 0,  # programmatic dependent launch form (``int4_wgmma_swap``'s pdl)
     VECTOR_STORE: gl.constexpr = False,  # the epilogue's stores 16 bytes wide (``_vector_rows``)
+    WSPLIT: gl.constexpr = False,  # a second warpgroup takes the later half of the K tiles
+    WSPLIT_REGS: gl.constexpr = 200,  # registers per thread of that warpgroup
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -630,6 +647,55 @@ def _int4_wgmma_swap_kernel(
         )  # fmt: skip
         for i in gl.static_range(NUM_STAGES):
             mbarrier.invalidate(empty.index(i))
+    elif WSPLIT:
+        # Two warpgroups, each over half of the program's K tiles with a ring of its own
+        # (NUM_STAGES slots each), the second one's sum added through shared memory: two warps
+        # per scheduler where one program holds a multiprocessor, without split-K's slots.
+        half = gl.cdiv(num_k, 2)
+        x_bufs1 = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+        q_bufs1 = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, BLOCK_N, BLOCK_K // 8],
+                                            Q_LAYOUT)  # fmt: skip
+        s_bufs1 = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
+        o_bufs1 = gl.allocate_shared_memory(o_desc.dtype, [NUM_STAGES, 1, BLOCK_N], o_desc.layout)
+        ready1 = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready1.index(i), count=1)
+        red = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fmt: skip
+        if PDL == 3:  # the weight's first tiles of both rings before the wait, x's after
+            for i in gl.static_range(NUM_STAGES):
+                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs,
+                                 o_bufs, ready, i, half, k_tile0, off_m, off_n, NUM_STAGES,
+                                 GROUP_TILES, 1)  # fmt: skip
+                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs1, q_bufs1, s_bufs1,
+                                 o_bufs1, ready1, i, num_k - half, k_tile0 + half, off_m, off_n,
+                                 NUM_STAGES, GROUP_TILES, 1)  # fmt: skip
+            tl.extra.cuda.gdc_wait()
+        for i in gl.static_range(NUM_STAGES):
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
+                             ready, i, half, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
+                             2 if PDL == 3 else 0)  # fmt: skip
+            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs1, q_bufs1, s_bufs1, o_bufs1,
+                             ready1, i, num_k - half, k_tile0 + half, off_m, off_n, NUM_STAGES,
+                             GROUP_TILES, 2 if PDL == 3 else 0)  # fmt: skip
+        (acc,) = gl.warp_specialize(
+            [
+                (_swap_mainloop,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, ready,
+                  half, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES, False,
+                  FRAG, num_warps, 0, PIPE)),
+                (_swap_second_half,
+                 (x_desc, qw_desc, s_desc, o_desc, x_bufs1, q_bufs1, s_bufs1, o_bufs1, ready1,
+                  num_k - half, k_tile0 + half, off_m, off_n, L3, S_LAYOUT, GROUP_TILES,
+                  NUM_STAGES, FRAG, num_warps, PIPE, red)),
+            ],
+            [num_warps],
+            [WSPLIT_REGS],
+        )  # fmt: skip
+        # the join is a barrier of every warp: the second warpgroup's sum is in shared memory
+        acc += red.load(acc.type.layout)
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.invalidate(ready1.index(i))
     else:
         if PDL == 3:  # the weight's first tiles before the wait on the previous kernel, x after
             for i in gl.static_range(NUM_STAGES):
@@ -816,6 +882,8 @@ def int4_wgmma_swap(
     pdl: int = 0,
     maxnreg: int | None = None,
     vector_store: bool = False,
+    wsplit: bool = False,
+    wsplit_regs: int = 200,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -842,7 +910,19 @@ def int4_wgmma_swap(
     ``vector_store`` (not in the table: not yet timed on a GPU) passes the accumulator through
     shared memory so that each thread stores 8 consecutive outputs at once (and the split-K
     slots 8 floats), where the wgmma layout stores 2 bytes at a time (``_vector_rows``); with
-    ``slots=False`` (fp32 atomics) it is refused."""
+    ``slots=False`` (fp32 atomics) it is refused. ``wsplit`` (not with ``specialized`` or
+    ``parts``) adds a second warpgroup of ``num_warps`` (4) warps, with ``wsplit_regs``
+    registers per thread, that takes the later half of each program's K tiles on a ring of its
+    own (``num_stages`` more slots) and hands its sum to the first through shared memory at
+    the end: twice the warps per program without split-K's partial slots. It needs two K
+    tiles per split (else the kernel runs without it), and with ``pipe`` an even number in
+    each half (else without ``pipe``)."""
+    if wsplit and (specialized or parts or num_warps != 4 or maxnreg):
+        raise ValueError(
+            "wsplit needs specialized=False, parts=0, num_warps=4 (one warpgroup per half) and "
+            f"no maxnreg (wsplit_regs sets the second warpgroup's), got specialized="
+            f"{specialized}, parts={parts}, num_warps={num_warps}, maxnreg={maxnreg}"
+        )
     if vector_store and not slots:
         raise ValueError("vector_store needs slots=True (the split-K slots, or no split)")
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
@@ -865,7 +945,11 @@ def int4_wgmma_swap(
     num_splits = _cdiv(k, k_per_split)
     num_tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
     last_tiles = _cdiv(k - (num_splits - 1) * k_per_split, block_k)
-    pipe = pipe and (k_per_split // block_k) % 2 == 0 and last_tiles % 2 == 0
+    tiles = k_per_split // block_k
+    wsplit = bool(wsplit) and tiles >= 2 and last_tiles >= 2
+    # pipe takes K tiles in pairs: an even number in each split (in each half with wsplit)
+    step = 4 if wsplit else 2
+    pipe = pipe and tiles % step == 0 and last_tiles % step == 0
     # the weight's descriptors, built once per tiling (``Int4Weight.memo``)
     descs = weight.memo.get(("swap", block_n, block_k))
     if descs is None:
@@ -886,7 +970,7 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg, weight.tiled, vector_store)  # fmt: skip
+           pdl, maxnreg, weight.tiled, vector_store, wsplit, wsplit_regs)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -915,6 +999,8 @@ def int4_wgmma_swap(
         "PIPE": pipe,
         "PDL": pdl,
         "VECTOR_STORE": bool(vector_store),
+        "WSPLIT": wsplit,
+        "WSPLIT_REGS": wsplit_regs,
     }
     if pdl:
         args["launch_pdl"] = True

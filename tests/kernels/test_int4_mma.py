@@ -437,6 +437,13 @@ def test_fragment_order_words_in_place(group):
 def test_config_checks():
     with pytest.raises(ValueError, match="wsplit"):
         Int4GemmConfig("gemv", wsplit=True)
+    # the swapped wgmma kernel's second warpgroup: plain loop, one warpgroup each, no cap
+    Int4GemmConfig("wgmma", 64, 64, 128, 1, 4, 3, swap=True, wsplit=True, pipe=True)
+    for bad in ({"specialized": True}, {"num_warps": 8}, {"maxnreg": 200}, {"swap": False}):
+        with pytest.raises(ValueError, match="wsplit applies"):
+            Int4GemmConfig(**{"strategy": "wgmma", "swap": True, "wsplit": True, **bad})
+    with pytest.raises(ValueError, match="x_smem"):
+        Int4GemmConfig("wgmma", swap=True, wsplit=True, x_smem=True)
     with pytest.raises(ValueError, match="1 or 2"):
         Int4GemmConfig("mma", num_stages=3)
     with pytest.raises(ValueError, match="16, 32 or 64 weight rows"):

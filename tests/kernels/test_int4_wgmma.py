@@ -299,13 +299,15 @@ def test_swap_dependent_launch_sees_a_write_that_lands_after_it(frag, mode):
 @pytest.mark.parametrize(
     "order, m, pipe",
     [(order, m, False) for order in ("canonical", "frag", "tiled") for m in (1, 16, 40)]
-    + [("frag", 40, True), ("tiled", 64, True)],  # the table's wide form at M = 33-64
+    + [("frag", 40, True), ("tiled", 64, True)]  # the table's wide form at M = 33-64
+    + [("frag", 64, "wsplit"), ("tiled", 40, "wsplit")],  # a second warpgroup's K half
 )
 def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m, pipe):
     """``pdl=3`` (``weights_first``) copies the weight's first tiles before it waits on the
     previous kernel, x's only after: with that kernel letting it start at once and writing x
     only after a long spin, the output is that of the new x, eagerly and replayed from a
-    CUDA graph; also with two wgmmas in flight (``pipe``, 128 weight rows, one warpgroup)."""
+    CUDA graph; also with two wgmmas in flight (``pipe``, 128 weight rows, one warpgroup), and
+    with a second warpgroup over the later K half (``wsplit``: both rings' first tiles)."""
     import triton
 
     late_copy = late_copy_kernel()
@@ -322,12 +324,48 @@ def test_swap_weights_first_reads_x_after_the_previous_kernel(order, m, pipe):
         x.copy_(old_x)
         late_copy[(triton.cdiv(x.numel(), 4096),)](new_x, x, spin, x.numel(), SPIN=20000,
                                                    BLOCK=4096)  # fmt: skip
+        if pipe == "wsplit":
+            return int4_wgmma_swap(x, words, rows, 64, 128, 1, 3, 4, wsplit=True, pdl=3)
         if pipe:
             return int4_wgmma_swap(x, words, rows, 128, 128, 2, 4, 4, pipe=True, pdl=3)
         return int4_wgmma_swap(x, words, rows, 64, 128, 2, 4, 4, pdl=3)
 
     what = f"swapped kernel, weights first, {order} words, M={m}, pipe={pipe}"
     assert_eager_and_replayed(step, ref, what)
+
+
+# A second warpgroup over the later half of each program's K tiles (``wsplit``): (block_m,
+# block_n, block_k, split_k, stages, warps, kwargs). With K = 1024: 8 K tiles of 128 (halves
+# of 4, or of 2 and 1 per split of 3 with a short last split; two wgmmas in flight in halves
+# of 4), 16 of 64 (groups of two tiles), and 1 per split of 8 (the kernel runs without it).
+WSPLIT_CASES = [((64, 64, 128, 1, 3, 4), {}), ((64, 64, 128, 1, 3, 4), {"pipe": True}),
+                ((32, 64, 128, 3, 3, 4), {}),
+                ((64, 64, 128, 2, 3, 4), {"pdl": 3, "vector_store": True}),
+                ((16, 64, 64, 1, 4, 4), {}),
+                ((64, 128, 128, 1, 3, 4), {"pipe": True, "pdl": 3}),
+                ((16, 64, 128, 8, 3, 4), {})]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["canonical", "frag", "tiled"])
+@pytest.mark.parametrize("case", WSPLIT_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1]))
+def test_swap_second_warpgroup_takes_the_later_k_half(case, order):
+    """``wsplit``: two warpgroups on rings of their own, each over half of a program's K
+    tiles, the second's sum added through shared memory after the join, against the reference
+    on the canonical weight; masked N and M, split K with a short last split, groups of two K
+    tiles, two wgmmas in flight, weights first, 16-byte stores. Settings it does not take are
+    refused."""
+    tiles, kwargs = case
+    if order != "canonical" and tiles[2] != 128:
+        pytest.skip("fragment order: K tiles of 128")
+    weight = random_weight(1000 + 40, 1024, 128, seed=41)
+    words = weight if order == "canonical" else weight.to_frag(tiled=order == "tiled")
+    for m in (1, 16, 37, 64):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        out = int4_wgmma_swap(x, words, *tiles, wsplit=True, **kwargs)
+        assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"wsplit {case} M={m}")
+    for bad in ({"specialized": True}, {"maxnreg": 168}, {"parts": 1}):
+        with pytest.raises(ValueError, match="wsplit needs"):
+            int4_wgmma_swap(x, words, 64, 64, 128, 1, 3, 4, wsplit=True, **bad)
 
 
 # (block_m, block_n, block_k, split_k, stages, warps, kwargs) as the table runs them: small
