@@ -90,13 +90,16 @@ def test_sweep_resends_only_chunks_nobody_holds_as_the_producer_sent_them(
         storage=client.storage,
         metrics=WorkerMetrics(),
     )
+    # an interval long enough that two calls in a row fall inside one sweep lock (0.9 of it)
+    # on a loaded machine: at 10 ms the lock expired between them in a CI run
+    interval = 0.2
     sweeper, other_worker = (
-        LostChunkSweeper(rt, lambda name, **kw: resent.append((name, kw)), 0.01) for _ in "ab"
+        LostChunkSweeper(rt, lambda name, **kw: resent.append((name, kw)), interval) for _ in "ab"
     )
-    time.sleep(0.05)  # older than two intervals: the producer has sent all its chunks
+    time.sleep(5 * interval)  # older than two intervals: the producer has sent all its chunks
     assert sweeper.sweep() == []  # missing once: could be a BRPOP reply on its way
     assert other_worker.sweep() == []  # the lock: one sweep per interval
-    time.sleep(0.02)  # the sweep lock expires; any worker confirms the last sweep's suspects
+    time.sleep(2 * interval)  # the lock expires; any worker confirms the suspects
     assert other_worker.sweep() == [(handle.job_id, 3), (handle.job_id, 4)]
     assert [name for name, _ in resent] == ["tidal.run_chunk"] * 2
     assert all(kw["queue"] == "tidal.normal" for _, kw in resent)
@@ -106,13 +109,13 @@ def test_sweep_resends_only_chunks_nobody_holds_as_the_producer_sent_them(
     assert rt.metrics.chunks_resent._value.get() == 2
 
     # Once done or held again, nothing more is sent; a finished job is not looked at.
-    time.sleep(0.02)
+    time.sleep(2 * interval)
     r.sadd(job_chunks_key(handle.job_id), 3, 4)
     assert sweeper.sweep() == [] and len(resent) == 2
     r.hset(f"tidal.job.{handle.job_id}", "state", "completed")
     r.delete(KOMBU_UNACKED_KEY, "tidal.normal")
     for _ in range(2):
-        time.sleep(0.02)
+        time.sleep(2 * interval)
         assert sweeper.sweep() == []
 
 
