@@ -1,11 +1,13 @@
 """The table's swapped wgmma config at one M with its grid and ring varied (split-K, ring
 stages, register cap, warp specialization, two wgmmas in flight, weight rows per program,
-the weight's first tiles issued before the wait on the previous kernel),
+the weight's first tiles issued before the wait on the previous kernel, a second warpgroup
+over the later half of K),
 in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies that exceed L2,
 median time per call), beside bf16 cuBLAS, on the engine's word order.
 
     python3 benchmarks/bench_int4_swap_grid.py [--shapes 4096x6144,...] [--rows 32,64] \
-        [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128] [--warps 4,8]
+        [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128] [--warps 4,8] \
+        [--wsplit 0,1]
     for i in 0 1 2 3; do python3 benchmarks/bench_int4_swap_grid.py ARGS --compile-only $i/4 & \
         done; wait; python3 benchmarks/bench_int4_swap_grid.py ARGS   # compiled in parallel
 

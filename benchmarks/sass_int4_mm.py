@@ -101,9 +101,9 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
 
 
-def loop_body(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
-    """Instructions (predicates dropped, operands kept) of the smallest (``largest``: the
-    largest) loop (backward branch) that contains an ``op`` instruction."""
+def loop_bodies(cubin: bytes, op: str = "HGMMA") -> list[list[str]]:
+    """Instructions (predicates dropped, operands kept) of every loop (backward branch) that
+    contains an ``op`` instruction, in the order of their back edges."""
     sass = cuobjdump(cubin, "-sass")
     insts = [
         (int(m.group(1), 16), m.group(2).strip())
@@ -115,11 +115,16 @@ def loop_body(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[st
         if target and int(target.group(1), 16) < addr:
             body = [t for a, t in insts if int(target.group(1), 16) <= a <= addr]
             if any(t.split()[0].startswith(op) or f" {op}" in t for t in body):
-                loops.append(body)
+                loops.append([re.sub(r"^@!?U?P\w+\s+", "", t) for t in body])
+    return loops
+
+
+def loop_body(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:
+    """``loop_bodies``' smallest loop (``largest``: the largest)."""
+    loops = loop_bodies(cubin, op)
     if not loops:
         raise SystemExit(f"no loop around an {op} found")
-    body = (max if largest else min)(loops, key=len)
-    return [re.sub(r"^@!?U?P\w+\s+", "", t) for t in body]
+    return (max if largest else min)(loops, key=len)
 
 
 def main_loop(cubin: bytes, op: str = "HGMMA", largest: bool = False) -> list[str]:

@@ -15,7 +15,8 @@ that run while a wgmma is in flight, and the K loop's instructions by opcode.
 ``--stores`` instead counts the epilogue's stores and loads with and without
 ``vector_store`` (16-byte accesses through shared memory). ``--race`` instead checks the
 table's large-M tilings, with and without two wgmmas in flight (``pipe``), for writes to an
-in-flight wgmma's register operand (``inflight_operand_writes``).
+in-flight wgmma's register operand (``inflight_operand_writes``). ``--wsplit`` instead
+reports the form with a second warpgroup over the later K half (``check_wsplit``).
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from triton.runtime.jit import mangle_type
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sass_int4_mm import cuobjdump, loop_body, main_loop  # noqa: E402
+from sass_int4_mm import cuobjdump, loop_bodies, loop_body, main_loop  # noqa: E402
 
 from kernels import int4_wgmma as W  # noqa: E402
 
 BLOCK_N, BLOCK_K, WARPS, STAGES = 128, 128, 4, 4
 
 
-def compile_swap(
+def compile_swap_kernel(
     rows: int,
     frag: bool,
     block_n: int = BLOCK_N,
@@ -56,9 +57,10 @@ def compile_swap(
     mode: int = 0,
     wsplit: bool = False,
     wsplit_regs: int = 200,
-) -> bytes:
-    """The sm_90 cubin of ``_int4_wgmma_swap_kernel`` for one tiling (CPU tensors stand in for
-    the arguments: only their types and the descriptors' blocks matter)."""
+):
+    """``_int4_wgmma_swap_kernel`` compiled for sm_90, one tiling (Triton's compiled kernel:
+    its ``asm`` and ``metadata``; CPU tensors stand in for the arguments: only their types and
+    the descriptors' blocks matter)."""
     dtype = torch.bfloat16
     x = torch.empty(64, 4096, dtype=dtype)
     q = torch.empty(28672, 512, dtype=torch.int32)
@@ -113,15 +115,20 @@ def compile_swap(
     }
     source = GluonASTSource(kernel, signature, values, attrs)
     target = GPUTarget("cuda", 90, 32)
-    return triton.compile(source, target=target, options={"num_warps": warps}).asm["cubin"]
+    return triton.compile(source, target=target, options={"num_warps": warps})
 
 
-def inflight_operand_writes(cubin: bytes) -> list[str]:
-    """Instructions of the K loop (walked twice, for the back edge) that write a register an
-    HGMMA still in flight reads as its A operand: a wgmma reads its register operand
-    asynchronously, so such a write (a loop-carried operand moved into place, say) races with
-    it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0, n``."""
-    body = loop_body(cubin)
+def compile_swap(*args, **kwargs) -> bytes:
+    """``compile_swap_kernel``'s sm_90 cubin."""
+    return compile_swap_kernel(*args, **kwargs).asm["cubin"]
+
+
+def inflight_operand_writes(body: list[str]) -> list[str]:
+    """Instructions of a K loop ``body`` (``loop_body``; walked twice, for the back edge) that
+    write a register an HGMMA still in flight reads as its A operand: a wgmma reads its
+    register operand asynchronously, so such a write (a loop-carried operand moved into place,
+    say) races with it. In flight: issued and not yet retired by a ``WARPGROUP.DEPBAR.LE gsb0,
+    n``."""
     groups: list[set[int]] = []  # A registers of each HGMMA group in flight, oldest first
     pending: list[int] = []
     races = []
@@ -202,11 +209,41 @@ def check_races() -> None:
         for frag in (False, True):
             for pipe in (False, True):
                 cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe)
-                races = inflight_operand_writes(cubin)
+                races = inflight_operand_writes(loop_body(cubin))
                 print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
                       f"{'specialized' if specialized else 'plain'}, "
                       f"{'fragment' if frag else 'canonical'}, pipe={pipe}: "
                       f"{len(races)} writes to in-flight operands {races[:3]}")  # fmt: skip
+
+
+def check_wsplit() -> None:
+    """``--wsplit``: the second warpgroup over the later K half (``wsplit``) on 64-row x
+    tiles: shared memory, registers, the named barriers in the PTX (each warpgroup's
+    ``gl.thread_barrier`` must be a barrier of its own 128 threads), the two warpgroups' K
+    loops (the two smallest loops around an HGMMA) with their instructions per K tile and
+    decode beside a wgmma in flight, and writes to an in-flight operand over every loop
+    around an HGMMA."""
+    tilings = [(64, 3, {}), (64, 3, {"pipe": True}), (64, 4, {"pdl": 3}),
+               (128, 3, {"pipe": True, "pdl": 3})]  # fmt: skip
+    for block_n, stages, kwargs in tilings:
+        for frag in (False, True):
+            kernel = compile_swap_kernel(64, frag, block_n, stages, 4, wsplit=True, **kwargs)
+            cubin = kernel.asm["cubin"]
+            regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1)
+            bars = collections.Counter(re.findall(r"bar\.sync\s+(\d+, \d+);", kernel.asm["ptx"]))
+            loops = sorted(loop_bodies(cubin), key=len)
+            tiles = 2 if kwargs.get("pipe") else 1
+            own = [
+                f"{len(body) // tiles} per K tile, %d of %d decode LOP3s beside a wgmma"
+                % decode_overlap(body)
+                for body in loops[:2]
+            ]
+            races = sum(len(inflight_operand_writes(body)) for body in loops)
+            print(f"64 x {block_n}, {stages} stages a ring {kwargs}, "
+                  f"{'fragment' if frag else 'canonical'}: {kernel.metadata.shared} bytes "
+                  f"shared, {regs} registers, named barriers (id, threads: count) "
+                  f"{dict(bars)}; the two K loops: {'; '.join(own)}; {races} writes to "
+                  f"in-flight operands over all {len(loops)} loops")  # fmt: skip
 
 
 def store_counts() -> None:
@@ -239,6 +276,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--overlap"]:
         check_overlap()
+        return
+    if sys.argv[1:] == ["--wsplit"]:
+        check_wsplit()
         return
     for rows in [int(r) for r in sys.argv[1:]] or [8, 16]:
         for frag, tiled in ((False, False), (True, False), (True, True)):

@@ -662,6 +662,8 @@ def _int4_wgmma_swap_kernel(
             mbarrier.init(ready1.index(i), count=1)
         red = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M],
                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))  # fmt: skip
+        # the plain form's prologue for two rings, their stages interleaved so that both
+        # warpgroups' first tiles are copied first
         if PDL == 3:  # the weight's first tiles of both rings before the wait, x's after
             for i in gl.static_range(NUM_STAGES):
                 _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs,
@@ -866,6 +868,15 @@ def int4_wgmma(
     return out
 
 
+def loop_forms(tiles: int, last_tiles: int, pipe: bool, wsplit: bool) -> tuple[bool, bool]:
+    """(pipe, wsplit) as ``int4_wgmma_swap`` runs them on splits of ``tiles`` K tiles, the last
+    of ``last_tiles``: ``wsplit`` needs two K tiles in every split, ``pipe`` takes them in
+    pairs, an even number in each split (in each half with ``wsplit``)."""
+    wsplit = bool(wsplit) and tiles >= 2 and last_tiles >= 2
+    step = 4 if wsplit else 2
+    return bool(pipe) and tiles % step == 0 and last_tiles % step == 0, wsplit
+
+
 def int4_wgmma_swap(
     x: torch.Tensor,
     weight: Int4Weight,
@@ -945,11 +956,7 @@ def int4_wgmma_swap(
     num_splits = _cdiv(k, k_per_split)
     num_tiles = _cdiv(m, block_m) * _cdiv(n, block_n)
     last_tiles = _cdiv(k - (num_splits - 1) * k_per_split, block_k)
-    tiles = k_per_split // block_k
-    wsplit = bool(wsplit) and tiles >= 2 and last_tiles >= 2
-    # pipe takes K tiles in pairs: an even number in each split (in each half with wsplit)
-    step = 4 if wsplit else 2
-    pipe = pipe and tiles % step == 0 and last_tiles % step == 0
+    pipe, wsplit = loop_forms(k_per_split // block_k, last_tiles, pipe, wsplit)
     # the weight's descriptors, built once per tiling (``Int4Weight.memo``)
     descs = weight.memo.get(("swap", block_n, block_k))
     if descs is None:

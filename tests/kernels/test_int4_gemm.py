@@ -536,6 +536,25 @@ def test_wide_weights_at_m_33_to_64_run_one_warpgroup_with_two_wgmmas_in_flight(
         assert cfg.swap and cfg.num_warps == 4 and not cfg.pipe, (m, frag, cfg)
 
 
+def test_swapped_kernel_runs_wsplit_and_pipe_only_where_the_k_tiles_allow():
+    """``int4_wgmma_swap``'s loop forms (``loop_forms``): a second warpgroup over the later K
+    half needs two K tiles in every split (else one warpgroup runs), and two wgmmas in flight
+    an even number of tiles in each split, in each half with ``wsplit``."""
+    from kernels.int4_wgmma import loop_forms
+
+    for tiles, last, pipe, wsplit, want in [
+        (8, 8, True, True, (True, True)),  # halves of 4: both
+        (8, 2, True, True, (False, True)),  # a last split of 2: halves of 1, no pipe
+        (6, 6, True, True, (False, True)),  # halves of 3
+        (6, 6, True, False, (True, False)),  # one warpgroup: pairs of 6
+        (3, 2, False, True, (False, True)),  # halves of 2 and 1 (the GPU test's split of 3)
+        (1, 1, True, True, (False, False)),  # one tile a split: neither
+        (4, 1, False, True, (False, False)),  # a last split of one tile
+        (4, 4, False, False, (False, False)),
+    ]:
+        assert loop_forms(tiles, last, pipe, wsplit) == want, (tiles, last, pipe, wsplit)
+
+
 def test_swapped_kernel_stores_16_bytes_except_on_unsplit_64_row_tiles():
     """The table's swapped kernel above M = 16 stores its outputs (and split-K slots) 16
     bytes at a time through shared memory (``vector_store``), as it paid on the H200 on every
