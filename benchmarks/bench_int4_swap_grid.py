@@ -1,13 +1,13 @@
 """The table's swapped wgmma config at one M with its grid and ring varied (split-K, ring
 stages, register cap, warp specialization, two wgmmas in flight, weight rows per program,
 the weight's first tiles issued before the wait on the previous kernel, a second warpgroup
-over the later half of K),
+over the later half of K, x rows per program),
 in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies that exceed L2,
 median time per call), beside bf16 cuBLAS, on the engine's word order.
 
     python3 benchmarks/bench_int4_swap_grid.py [--shapes 4096x6144,...] [--rows 32,64] \
         [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128] [--warps 4,8] \
-        [--wsplit 0,1]
+        [--wsplit 0,1] [--block-m 32,64]
     for i in 0 1 2 3; do python3 benchmarks/bench_int4_swap_grid.py ARGS --compile-only $i/4 & \
         done; wait; python3 benchmarks/bench_int4_swap_grid.py ARGS   # compiled in parallel
 
@@ -57,7 +57,7 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
 def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
     """Every valid combination of the axes, the base first."""
     out = [base]
-    for split, stages, cap, spec, pipe, block_n, first, warps, wsplit in itertools.product(
+    for split, stages, cap, spec, pipe, block_n, first, warps, wsplit, rows in itertools.product(
         args.splits,
         args.stages,
         args.caps,
@@ -67,6 +67,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
         (False, True),
         args.warps or [0],
         args.wsplit,
+        args.block_m or [base.block_m],
     ):
         if not warps:  # the old rule: two warpgroups for 128 weight rows at M >= 64
             warps = 8 if block_n == 128 and base.block_m >= 64 else 4
@@ -79,6 +80,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
                 base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
                 pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
                 pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
+                block_m=rows,
             )  # fmt: skip
         except ValueError:  # pipe with fewer than 3 stages; wsplit where it does not apply
             continue
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--stages", default="2,3,4")
     parser.add_argument("--caps", default="0,168")
     parser.add_argument("--block-n", default="64,128")
+    parser.add_argument("--block-m", default="", help="x rows per program; default: the base's")
     parser.add_argument(
         "--warps",
         default="",
@@ -123,6 +126,7 @@ def main() -> None:
         ints, (args.splits, args.stages, args.caps, args.block_n)
     )
     args.warps = ints(args.warps) if args.warps else []
+    args.block_m = ints(args.block_m) if args.block_m else []
     args.wsplit = ints(args.wsplit)
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

@@ -307,40 +307,60 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     """Weights with N <= 8192 (qkv, o_proj, down_proj) for 2 <= M <= 256 on the swapped wgmma
     kernel: 64 weight rows, K tiles of 128, 4 warps, split-K reduced in slots. From the H200
     sweep of 2026-11-30, seventh session (BENCHMARKS.md, "INT4 GEMM"): 4 splits up to M = 16;
-    above, the fewest that give >= 96 programs, doubled for long K (>= 8192) up to M = 64;
-    above M = 64, x tiles of 128 rows, warp-specialized with 4 stages while the programs fit
-    in one wave (one per multiprocessor), else plain with 3 (two per multiprocessor); the
-    warp-specialized tiling keeps two wgmmas in flight above M = 128 (eighth session).
-    From M = 33 to 64 registers are capped at 200 per thread, under which ptxas schedules
-    the loop differently: 4096 x 6144 at M = 64 took 14.5 against 15.9 us, the other narrow
-    weights 0-2% less (fourteenth session, ``bench_int4_maxnreg.py``). Above M = 128, where
-    the 128-row x tiles alone (unsplit) make more programs than one wave but tiles of 256 rows
-    would not (qkv-sized weights), x tiles of 256 rows, warp-specialized, two wgmmas in
-    flight: 4096 x 6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us, and 29.0 at
-    M = 160 once x was padded to the whole tile (``pad_rows``; fifteenth session, BENCHMARKS.md,
-    "INT4 GEMM"). Since the twenty-sixth session, weights with K < 8192 at M = 17-64 issue
-    their first tiles of the weight before they wait on the previous kernel (``weights_first``)
-    and keep 6 tiles in the ring where one wave holds the programs: 4096 x 6144 at M = 32 /
-    48 / 64 took 11.7 / 13.8-13.9 / 13.7-13.8 against 12.3-12.4 / 14.0-14.2 / 14.2-14.5 us,
-    4096 x 4096 at M = 40 / 48 / 64 10.8-10.9 / 10.8-11.0 / 11.2-11.3 against 11.3-11.6 /
-    11.2-11.4 / 11.7-11.8, in four A/B pairs of ``bench_int4_gemm.py`` over two device calls
-    (BENCHMARKS.md, "INT4 GEMM", twenty-sixth session); on down_proj (K = 14336, 256 programs
-    at M = 64: with 6 stages one per multiprocessor, two waves) the same form took 25.5-30.4
-    against 19.9-24.2, so it keeps the form above."""
+    above, the fewest that give >= 96 programs (until the thirtieth session doubled for long K,
+    >= 8192, up to M = 64: see the second warpgroup below); above M = 64, x tiles of 128 rows,
+    warp-specialized with 4 stages while the programs fit in one wave (one per multiprocessor),
+    else plain with 3 (two per multiprocessor); the warp-specialized tiling keeps two wgmmas in
+    flight above M = 128 (eighth session). From M = 33 to 64 (but not in the second warpgroup's
+    form) registers are capped at 200 per thread, under which ptxas schedules the loop
+    differently: 4096 x 6144 at M = 64 took 14.5 against 15.9 us, the other narrow weights 0-2%
+    less (fourteenth session, ``bench_int4_maxnreg.py``). Above M = 128, where the 128-row x
+    tiles alone (unsplit) make more programs than one wave but tiles of 256 rows would not
+    (qkv-sized weights), x tiles of 256 rows, warp-specialized, two wgmmas in flight: 4096 x
+    6144 at M = 160 / 256 took 43.2 / 27.1 against 51.8 / 30.9 us, and 29.0 at M = 160 once x
+    was padded to the whole tile (``pad_rows``; fifteenth session, BENCHMARKS.md, "INT4 GEMM").
+    Since the twenty-sixth session, weights with K < 8192 at M = 17-64 issue their first tiles
+    of the weight before they wait on the previous kernel (``weights_first``) and keep 6 tiles
+    in the ring where one wave holds the programs: 4096 x 6144 at M = 32 / 48 / 64 took 11.7 /
+    13.8-13.9 / 13.7-13.8 against 12.3-12.4 / 14.0-14.2 / 14.2-14.5 us, 4096 x 4096 at M = 40 /
+    48 / 64 10.8-10.9 / 10.8-11.0 / 11.2-11.3 against 11.3-11.6 / 11.2-11.4 / 11.7-11.8, in four
+    A/B pairs of ``bench_int4_gemm.py`` over two device calls (BENCHMARKS.md, "INT4 GEMM",
+    twenty-sixth session); on down_proj (K = 14336, 256 programs at M = 64: with 6 stages one
+    per multiprocessor, two waves) the same form took 25.5-30.4 against 19.9-24.2, so it keeps
+    the form above.
+
+    Since the thirtieth session, at M = 17-64 where one split already makes >= 96 programs
+    (qkv-sized weights; not at M = 33-47) or K is long (down_proj, then 2 splits), a second
+    warpgroup runs the later half of each program's K tiles (``wsplit``: two rings of 4,
+    two wgmmas in flight in each above M = 32, the weight first, no register cap). On an H100
+    (no H200 was lent), in two A/B pairs of ``bench_int4_gemm.py`` against the previous table
+    (``with_int4_table.py``, BENCHMARKS.md, "INT4 GEMM", thirtieth session), old / new us:
+    4096 x 6144 at M = 32 11.5, 11.5 / 11.5, 11.2; M = 48 13.7, 13.7 / 13.4, 13.2; M = 64
+    13.7, 13.3 / 12.9, 12.7; 14336 x 4096 at M = 32 19.3, 18.9 / 18.7, 18.7; M = 47 22.8,
+    22.9 / 22.0, 22.0; M = 64 23.7, 23.2 / 22.0, 22.6; at M = 17-24 within 0.3 us either way.
+    At M = 33 / 40 the qkv-sized form was slower (18.5 against 16.4 at M = 33), and neither
+    o_proj-sized nor wide weights gained in ``bench_int4_swap_grid.py --wsplit 0,1``."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
+    # M = 17-64 where one split fills the grid or K is long: a second warpgroup over the later
+    # half of each program's K tiles instead of more splits
+    wsplit = False
     if m > 16:
         target = 1
         while tiles * target < 96:
             target *= 2
-        if m <= 64 and k >= 8192:
-            target *= 2
+        wsplit = m <= 64 and (k >= 8192 or (target == 1 and not 32 < m < 48))
     split = _pow2_split(target, k, 128, 16)
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256
     if m > 64 and tiles * split > _ONE_WAVE:
         return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True, vector_store=True)
+    if wsplit:  # two rings of 4, above M = 32 two wgmmas in flight in each, no register cap
+        return Int4GemmConfig(
+            "wgmma", rows, 64, 128, split, 4, 4, swap=True, pipe=m > 32, wsplit=True, pdl=True,
+            weights_first=True, vector_store=split > 1,
+        )  # fmt: skip
     cap = 200 if 32 < m <= 64 else None
     # qkv- and o_proj-sized at M <= 64: the weight's first tiles before the wait, and a ring of
     # 6 where one wave of programs holds it (x tiles of 32 rows: three programs per

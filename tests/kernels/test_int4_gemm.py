@@ -452,7 +452,9 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
-    assert (cfg.maxnreg == 200) == (m == 48 and n <= 8192), cfg
+    assert (cfg.maxnreg == 200) == (m == 48 and n <= 8192 and k < 8192), cfg
+    # the long-K weight's second warpgroup (the mma kernel's wsplit is its warps over K)
+    assert (cfg.swap and cfg.wsplit) == (m == 48 and k == 8192), cfg
     assert (cfg == _NARROW_256) == (m == 200 and n == 4232), cfg  # 134 tiles of 128 x-rows
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
@@ -505,18 +507,43 @@ def test_narrow_swap_issues_the_weight_first_at_m_17_to_64():
     """The table's swapped kernel on weights with K < 8192 at M = 17-64 (qkv, o_proj past the
     mma kernel) is a programmatic dependent that copies the weight's first tiles before it
     waits (``weights_first``), with 6 ring stages where its programs fit one wave (x tiles of
-    32 rows, or at most one program per multiprocessor) and 4 where they would not; long K
-    (down_proj) and M > 64 keep their forms, measured slower with it on the H200."""
+    32 rows, or at most one program per multiprocessor) and 4 where they would not (and in
+    each of the two rings of ``wsplit``); M > 64 and wide weights keep their forms."""
     cpu = torch.device("cpu")
-    for m, n, k, stages in [(17, 6144, 4096, 6), (32, 6144, 4096, 6), (48, 6144, 4096, 6),
-                            (64, 4096, 4096, 6), (64, 2048, 2048, 6), (40, 5120, 4096, 4),
-                            (32, 5120, 4096, 6)]:  # fmt: skip
+    for m, n, k, stages in [(17, 6144, 4096, 4), (32, 6144, 4096, 4), (40, 6144, 4096, 6),
+                            (48, 6144, 4096, 4), (64, 4096, 4096, 6), (64, 2048, 2048, 6),
+                            (40, 5120, 4096, 4), (32, 5120, 4096, 6)]:  # fmt: skip
         cfg = choose_config(m, n, k, 128, cpu, frag=True)
         assert cfg.swap and cfg.weights_first and cfg.pdl and not cfg.specialized, (m, n, k, cfg)
         assert cfg.num_stages == stages, (m, n, k, cfg)
-    for m, n, k in [(32, 4096, 14336), (64, 4096, 14336), (65, 6144, 4096), (48, 28672, 4096)]:
+    for m, n, k in [(65, 6144, 4096), (48, 28672, 4096)]:
         cfg = choose_config(m, n, k, 128, cpu, frag=True)
         assert cfg.num_stages <= 4 and (cfg.weights_first == (n > 8192)), (m, n, k, cfg)
+
+
+def test_narrow_swap_runs_a_second_warpgroup_where_one_split_fills_the_grid_or_k_is_long():
+    """At M = 17-64 the swapped kernel on narrow weights adds a second warpgroup over the later
+    half of each program's K tiles (``wsplit``) where one split already makes >= 96 programs
+    (qkv-sized weights, but not at M = 33-47, where it was slower) and where K is long
+    (down_proj, which kept 2 splits instead of 4); two wgmmas in flight in each half above
+    M = 32; no register cap. o_proj-sized weights, wide ones, M <= 16 and M > 64 keep their
+    forms. Both word orders take the same rule."""
+    cpu = torch.device("cpu")
+    for frag in (True, False):
+        for m, n, k, split, pipe in [
+            (17, 6144, 4096, 1, False), (32, 6144, 4096, 1, False), (48, 6144, 4096, 1, True),
+            (64, 6144, 4096, 1, True), (17, 4096, 14336, 2, False), (32, 4096, 14336, 2, False),
+            (33, 4096, 14336, 2, True), (64, 4096, 14336, 2, True),
+        ]:  # fmt: skip
+            cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+            got = (cfg.strategy, cfg.swap, cfg.wsplit, cfg.split_k, cfg.pipe, cfg.maxnreg)
+            assert got == ("wgmma", True, True, split, pipe, None), (m, n, k, frag, cfg)
+            assert cfg.weights_first and cfg.pdl and cfg.num_warps == 4, (m, n, k, frag, cfg)
+        for m, n, k in [(16, 6144, 4096), (33, 6144, 4096), (47, 6144, 4096), (64, 4096, 4096),
+                        (64, 5120, 4096), (32, 28672, 4096), (65, 4096, 14336),
+                        (65, 6144, 4096), (16, 4096, 14336)]:  # fmt: skip
+            cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+            assert not (cfg.swap and cfg.wsplit), (m, n, k, frag, cfg)
 
 
 def test_wide_weights_at_m_33_to_64_run_one_warpgroup_with_two_wgmmas_in_flight():
