@@ -339,18 +339,25 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     13.7, 13.3 / 12.9, 12.7; 14336 x 4096 at M = 32 19.3, 18.9 / 18.7, 18.7; M = 47 22.8,
     22.9 / 22.0, 22.0; M = 64 23.7, 23.2 / 22.0, 22.6; at M = 17-24 within 0.3 us either way.
     At M = 33 / 40 the qkv-sized form was slower (18.5 against 16.4 at M = 33), and neither
-    o_proj-sized nor wide weights gained in ``bench_int4_swap_grid.py --wsplit 0,1``."""
+    o_proj-sized nor wide weights gained in ``bench_int4_swap_grid.py --wsplit 0,1``. Since
+    the thirty-first session long K at M = 9-16 too, with 2 splits (in fragment order ahead of
+    the mma kernel, ``_frag_config``): 14336 x 4096 at M = 12 / 16 took 16.7, 16.4 / 16.7,
+    16.4 against 17.4, 17.3 / 17.4, 17.5 us (mma), at M = 9 16.6, 16.4 against 16.7, 16.4,
+    on an H100 in two A/B pairs (BENCHMARKS.md, "INT4 GEMM", thirty-first session). Canonical
+    words take the same rule, timed only in fragment order."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     target = 4
-    # M = 17-64 where one split fills the grid or K is long: a second warpgroup over the later
-    # half of each program's K tiles instead of more splits
+    # M = 17-64 where one split fills the grid, and M = 9-64 where K is long: a second
+    # warpgroup over the later half of each program's K tiles instead of more splits
     wsplit = False
     if m > 16:
         target = 1
         while tiles * target < 96:
             target *= 2
         wsplit = m <= 64 and (k >= 8192 or (target == 1 and not 32 < m < 48))
+    elif k >= 8192 and m > 8:  # down_proj at M = 9-16 (in fragment order past the mma kernel)
+        target, wsplit = 2, True
     split = _pow2_split(target, k, 128, 16)
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256
@@ -564,11 +571,13 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
     of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
     split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
-    warp-specialized above. Narrower ones: ``_mma_config`` at small M, else
-    ``_narrow_swap``."""
+    warp-specialized above. Narrower ones: ``_mma_config`` at small M (but long K at M =
+    9-16 goes to the swapped kernel's second warpgroup), else ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
+        if k >= 8192 and 8 < m <= 16:  # long K: the swapped kernel's second warpgroup
+            return _narrow_swap(m, n, k)
         return _mma_config(m, n, k) or _narrow_swap(m, n, k)
     return _mma_config(m, n, k) or _wide_swap(m, frag=True)
 

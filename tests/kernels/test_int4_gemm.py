@@ -447,14 +447,15 @@ def test_asm_dequant_fp16(swap, tma):
 def test_fragment_order_table_graph_replay_bf16(m, n, k):
     """A wide, a long-K and a qkv-like weight in fragment order through their table (the
     register mma kernel at small M on the narrow ones, the swapped wgmma kernel up to M = 256,
-    with registers capped at M = 33-64 on the narrow ones, then dequantize + cuBLAS or the
+    with registers capped at M = 33-64 on the narrow ones and a second warpgroup on long K
+    from M = 9, then dequantize + cuBLAS or the
     large tilings) in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
     assert (cfg.maxnreg == 200) == (m == 48 and n <= 8192 and k < 8192), cfg
     # the long-K weight's second warpgroup (the mma kernel's wsplit is its warps over K)
-    assert (cfg.swap and cfg.wsplit) == (m == 48 and k == 8192), cfg
+    assert (cfg.swap and cfg.wsplit) == (m in (16, 48) and k == 8192), cfg
     assert (cfg == _NARROW_256) == (m == 200 and n == 4232), cfg  # 134 tiles of 128 x-rows
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
@@ -525,15 +526,17 @@ def test_narrow_swap_runs_a_second_warpgroup_where_one_split_fills_the_grid_or_k
     """At M = 17-64 the swapped kernel on narrow weights adds a second warpgroup over the later
     half of each program's K tiles (``wsplit``) where one split already makes >= 96 programs
     (qkv-sized weights, but not at M = 33-47, where it was slower) and where K is long
-    (down_proj, which kept 2 splits instead of 4); two wgmmas in flight in each half above
-    M = 32; no register cap. o_proj-sized weights, wide ones, M <= 16 and M > 64 keep their
-    forms. Both word orders take the same rule."""
+    (down_proj from M = 9, with 2 splits instead of 4, ahead of the mma kernel at M = 9-16);
+    two wgmmas in flight in each half above M = 32; no register cap. o_proj-sized weights,
+    wide ones, M <= 8, short K at M <= 16 and M > 64 keep their forms. Both word orders take
+    the same rule."""
     cpu = torch.device("cpu")
     for frag in (True, False):
         for m, n, k, split, pipe in [
             (17, 6144, 4096, 1, False), (32, 6144, 4096, 1, False), (48, 6144, 4096, 1, True),
             (64, 6144, 4096, 1, True), (17, 4096, 14336, 2, False), (32, 4096, 14336, 2, False),
-            (33, 4096, 14336, 2, True), (64, 4096, 14336, 2, True),
+            (33, 4096, 14336, 2, True), (64, 4096, 14336, 2, True), (9, 4096, 14336, 2, False),
+            (16, 4096, 14336, 2, False),
         ]:  # fmt: skip
             cfg = choose_config(m, n, k, 128, cpu, frag=frag)
             got = (cfg.strategy, cfg.swap, cfg.wsplit, cfg.split_k, cfg.pipe, cfg.maxnreg)
@@ -541,7 +544,7 @@ def test_narrow_swap_runs_a_second_warpgroup_where_one_split_fills_the_grid_or_k
             assert cfg.weights_first and cfg.pdl and cfg.num_warps == 4, (m, n, k, frag, cfg)
         for m, n, k in [(16, 6144, 4096), (33, 6144, 4096), (47, 6144, 4096), (64, 4096, 4096),
                         (64, 5120, 4096), (32, 28672, 4096), (65, 4096, 14336),
-                        (65, 6144, 4096), (16, 4096, 14336)]:  # fmt: skip
+                        (65, 6144, 4096), (8, 4096, 14336)]:  # fmt: skip
             cfg = choose_config(m, n, k, 128, cpu, frag=frag)
             assert not (cfg.swap and cfg.wsplit), (m, n, k, frag, cfg)
 
