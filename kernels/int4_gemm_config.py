@@ -340,8 +340,8 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     22.9 / 22.0, 22.0; M = 64 23.7, 23.2 / 22.0, 22.6; at M = 17-24 within 0.3 us either way.
     At M = 33 / 40 the qkv-sized form was slower (18.5 against 16.4 at M = 33), and neither
     o_proj-sized nor wide weights gained in ``bench_int4_swap_grid.py --wsplit 0,1``. Since
-    the thirty-first session long K at M = 9-16 too, with 2 splits (in fragment order ahead of
-    the mma kernel, ``_frag_config``): 14336 x 4096 at M = 12 / 16 took 16.7, 16.4 / 16.7,
+    the thirty-first session long K at M = 9-16 too, with 2 splits (in fragment order instead
+    of the mma kernel, ``_mma_config``): 14336 x 4096 at M = 12 / 16 took 16.7, 16.4 / 16.7,
     16.4 against 17.4, 17.3 / 17.4, 17.5 us (mma), at M = 9 16.6, 16.4 against 16.7, 16.4,
     on an H100 in two A/B pairs (BENCHMARKS.md, "INT4 GEMM", thirty-first session). Canonical
     words take the same rule, timed only in fragment order."""
@@ -487,7 +487,8 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
     - down_proj-sized weights at M <= 2 with two row tiles per warp and the scales ahead,
       no register cap: 11.5 / 11.8 against 11.8 / 12.2; at M = 3-8 the scales ahead, no
       cap: 12.0 / 12.2 against 12.9 / 12.7 at M = 4 / 8; at M = 9-16 the form of o_proj,
-      scaled, capped at 128: 16.1 against 18.4 at M = 16 (the swapped kernel);
+      scaled, capped at 128: 16.1 against 18.4 at M = 16 (the swapped kernel), until the
+      thirty-first session put the swapped kernel's second warpgroup there (``_narrow_swap``);
     - o_proj-sized ones at M = 9-16 scaled: 6.2 against 6.7.
     Before that:
     - down_proj-sized weights (K >= 8192): at M <= 2 x's fragments loaded in place, 16 weight
@@ -544,9 +545,7 @@ def _mma_config(m: int, n: int, k: int) -> Int4GemmConfig | None:
             )
         if m <= 8:
             return Int4GemmConfig("mma", 8, 32, 128, 2, 8, 1, s_ahead=True, **smem)
-        if m <= 16:
-            return Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, maxnreg=128, scaled=True, **smem)
-        return None
+        return None  # M = 9-16: the swapped kernel's second warpgroup (``_narrow_swap``)
     if m <= 8:
         if two_per_sm:  # o_proj-sized: the scales a tile ahead
             return Int4GemmConfig("mma", 8, 16, 128, 1, 8, 1, maxnreg=96, s_ahead=True, **smem)
@@ -571,13 +570,11 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
     of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
     split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
-    warp-specialized above. Narrower ones: ``_mma_config`` at small M (but long K at M =
-    9-16 goes to the swapped kernel's second warpgroup), else ``_narrow_swap``."""
+    warp-specialized above. Narrower ones: ``_mma_config`` at small M, else
+    ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
-        if k >= 8192 and 8 < m <= 16:  # long K: the swapped kernel's second warpgroup
-            return _narrow_swap(m, n, k)
         return _mma_config(m, n, k) or _narrow_swap(m, n, k)
     return _mma_config(m, n, k) or _wide_swap(m, frag=True)
 

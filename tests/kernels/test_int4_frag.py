@@ -109,9 +109,9 @@ def test_dequantizers(group_size, tiled):
 
 def test_int4_gemm_routes_fragment_order():
     """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
-    gives such weights the register mma kernel (M <= 16 on N <= 8192, M <= 8 wider), the
-    swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow weights) or
-    dequantize only."""
+    gives such weights the register mma kernel (M <= 16 on N <= 8192 with K < 8192, else M <=
+    8), the swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow
+    weights) or dequantize only."""
     canon = random_weight(48, 256, 128, seed=13, perm=True)
     w = canon.to_frag()
     for m in (1, 7, 300):
