@@ -70,7 +70,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
         args.block_m or [base.block_m],
     ):
         if not warps:  # the old rule: two warpgroups for 128 weight rows at M >= 64
-            warps = 8 if block_n == 128 and base.block_m >= 64 else 4
+            warps = 8 if block_n == 128 and rows >= 64 else 4
         if first and spec:  # weights_first is the plain form's
             continue
         if block_n < 16 * warps:  # every warp holds at least one 16-row tile

@@ -347,17 +347,17 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     words take the same rule, timed only in fragment order."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
-    target = 4
-    # M = 17-64 where one split fills the grid, and M = 9-64 where K is long: a second
-    # warpgroup over the later half of each program's K tiles instead of more splits
-    wsplit = False
-    if m > 16:
+    # wsplit: a second warpgroup over the later half of each program's K tiles instead of more
+    # splits, where K is long from M = 9 (M <= 8 stays on the mma kernel in fragment order)
+    # and at M = 17-64 where one split fills the grid
+    if m <= 16:
+        wsplit = m > 8 and k >= 8192
+        target = 2 if wsplit else 4
+    else:
         target = 1
         while tiles * target < 96:
             target *= 2
         wsplit = m <= 64 and (k >= 8192 or (target == 1 and not 32 < m < 48))
-    elif k >= 8192 and m > 8:  # down_proj at M = 9-16 (in fragment order past the mma kernel)
-        target, wsplit = 2, True
     split = _pow2_split(target, k, 128, 16)
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256

@@ -448,8 +448,7 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
     """A wide, a long-K and a qkv-like weight in fragment order through their table (the
     register mma kernel at small M on the narrow ones, the swapped wgmma kernel up to M = 256,
     with registers capped at M = 33-64 on the narrow ones and a second warpgroup on long K
-    from M = 9, then dequantize + cuBLAS or the
-    large tilings) in a CUDA graph."""
+    from M = 9, then dequantize + cuBLAS or the large tilings) in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
