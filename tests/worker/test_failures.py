@@ -209,9 +209,16 @@ def test_engine_crash_exits_without_ack_then_new_worker(
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
     client.wait(handle.job_id, timeout_s=120)
+    # The job completes as soon as its last new chunk is counted; a redelivered chunk that
+    # was already done may run after that, so wait for its duplicate count (a redelivery
+    # that never comes times out here) and for every message to be acked.
+    wait_for(
+        lambda: client.status(handle.job_id).num_duplicates >= len(finished_unacked),
+        60, "the redelivered finished chunk to be counted as a duplicate",
+    )  # fmt: skip
+    wait_for(lambda: not unacked_messages(client.redis), 10, "every message to be acked")
     status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     assert status.num_duplicates == len(finished_unacked), status
-    wait_for(lambda: not unacked_messages(client.redis), 10, "every message to be acked")
 
 
 def test_sigterm_hands_back_within_soft_timeout(
