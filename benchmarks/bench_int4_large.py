@@ -41,7 +41,7 @@ def form(name: str, frag: bool) -> C.Int4GemmConfig:
         return C.Int4GemmConfig("dequant")
     tiling, _, split = name.partition("/")
     base = {
-        "128x64": C._LARGE_PLAIN_FRAG if frag else C._LARGE_PLAIN,
+        "128x64": C._plain_128x64(frag),
         "256x128": C._LARGE_WIDE,
         "256x64": C._NARROW_256,
     }.get(tiling)

@@ -51,7 +51,7 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
     cfg = choose_config(m, n, k, group, device, frag=True)
     if cfg.strategy == "wgmma" and cfg.swap:
         return cfg
-    return _narrow_swap(m, n, k) if n <= 8192 else _wide_swap(m, frag=True)
+    return _narrow_swap(m, n, k, frag=True) if n <= 8192 else _wide_swap(m, frag=True)
 
 
 def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:

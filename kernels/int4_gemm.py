@@ -852,7 +852,7 @@ def _launch_mma(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> tor
         return int4_mma(x, view, **mma_kwargs(cfg))
     m, n = x.shape[0], weight.out_features
     if weight.frag:
-        return _launch(x, weight, _narrow_swap(m, n, k))
+        return _launch(x, weight, _narrow_swap(m, n, k, frag=True))
     return _launch(x, weight, choose_config(m, n, k, g, x.device))
 
 

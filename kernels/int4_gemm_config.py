@@ -250,11 +250,16 @@ _LARGE_WIDE = Int4GemmConfig(
     "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True, vector_store=True
 )
 
-# Wide weights at 64 < M <= 128, either word order: the same tiling as ``_LARGE_PLAIN``, 64
-# weight rows, a 3-stage ring, two programs per multiprocessor, not warp-specialized (seventh
-# session of 2026-11-30: 60.0 / 60.6 us on 4096 x 28672 at M = 128 against 73.0 / 64.5 for the
-# previous warp-specialized tilings, canonical / fragment order).
-_WIDE_128 = _LARGE_PLAIN
+
+def _plain_128x64(frag: bool) -> Int4GemmConfig:
+    """x tiles of 128 rows by 64 weight rows, a 3-stage ring, two programs per multiprocessor,
+    not warp-specialized: ``_LARGE_PLAIN``, or ``_LARGE_PLAIN_FRAG`` (two wgmmas in flight) on
+    fragment-ordered words. Above M = 256 one of ``_large_config``'s forms; on wide weights at
+    64 < M <= 128 too (seventh session of 2026-11-30: 60.0 / 60.6 us on 4096 x 28672 at M = 128
+    against 73.0 / 64.5 for the previous warp-specialized tilings, canonical / fragment order),
+    where since the thirty-third session fragment order keeps two wgmmas in flight as above M =
+    256 (BENCHMARKS.md, "INT4 GEMM", thirty-third session)."""
+    return _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
 
 
 # Narrow weights whose 128-row x tiles overflow one wave at 128 < M <= 256 (qkv-sized):
@@ -267,7 +272,7 @@ _NARROW_256 = Int4GemmConfig(
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
     128: 128 weight rows and wgmma's N the smallest power of two >= M up to M = 64, one
-    warpgroup (4 warps), ``_WIDE_128`` up to 128, then ``_LARGE_WIDE``: x tiles of 256 rows
+    warpgroup (4 warps), ``_plain_128x64`` up to 128, then ``_LARGE_WIDE``: x tiles of 256 rows
     (half of them zeros at M = 129-255), warp-specialized (a producer warp issues the TMA
     refills), two wgmmas in flight.
 
@@ -295,7 +300,7 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     if m > 128:
         return _LARGE_WIDE
     if m > 64:
-        return _WIDE_128
+        return _plain_128x64(frag)
     rows = max(8, 1 << (m - 1).bit_length())
     return Int4GemmConfig(
         "wgmma", rows, 128, 128, 1, 4, 4, swap=True, pdl=True, weights_first=True,
@@ -303,7 +308,7 @@ def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     )  # fmt: skip
 
 
-def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
+def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     """Weights with N <= 8192 (qkv, o_proj, down_proj) for 2 <= M <= 256 on the swapped wgmma
     kernel: 64 weight rows, K tiles of 128, 4 warps, split-K reduced in slots. From the H200
     sweep of 2026-11-30, seventh session (BENCHMARKS.md, "INT4 GEMM"): 4 splits up to M = 16;
@@ -344,7 +349,12 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     of the mma kernel, ``_mma_config``): 14336 x 4096 at M = 12 / 16 took 16.7, 16.4 / 16.7,
     16.4 against 17.4, 17.3 / 17.4, 17.5 us (mma), at M = 9 16.6, 16.4 against 16.7, 16.4,
     on an H100 in two A/B pairs (BENCHMARKS.md, "INT4 GEMM", thirty-first session). Canonical
-    words take the same rule, timed only in fragment order."""
+    words take the same rule, timed only in fragment order.
+
+    Since the thirty-third session the warp-specialized 128-row tiling keeps two wgmmas in
+    flight from M = 65 on fragment-ordered words (``frag``; above M = 128 in either order), as
+    above M = 128 since the eighth session (BENCHMARKS.md, "INT4 GEMM", thirty-third
+    session)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     # wsplit: a second warpgroup over the later half of each program's K tiles instead of more
@@ -377,8 +387,9 @@ def _narrow_swap(m: int, n: int, k: int) -> Int4GemmConfig:
     # the 16-byte epilogue (slower on unsplit 64-row x tiles: 15.6 against 13.8 us, qkv M = 64)
     vector = m > 16 and not (split == 1 and rows <= 64)
     return Int4GemmConfig(
-        "wgmma", rows, 64, 128, split, 4, stages, swap=True, specialized=m > 64, pipe=m > 128,
-        maxnreg=cap, pdl=first, weights_first=first, vector_store=vector,
+        "wgmma", rows, 64, 128, split, 4, stages, swap=True, specialized=m > 64,
+        pipe=m > 128 or (frag and m > 64), maxnreg=cap, pdl=first, weights_first=first,
+        vector_store=vector,
     )  # fmt: skip
 
 
@@ -417,7 +428,7 @@ def _large_config(m: int, n: int, k: int, frag: bool) -> Int4GemmConfig:
     97.8 / 100.2 (128 x 64), 4096 x 4096 at M = 512 26.6 / 26.2 against 29.2 / 29.2, 4096 x
     28672 at M = 512 190.0 / 190.6 against 196.8 / 220.0 (256 x 128); no pick of 44 points
     was slower than the previous model's."""
-    plain = _LARGE_PLAIN_FRAG if frag else _LARGE_PLAIN
+    plain = _plain_128x64(frag)
     # min keeps the first of equal costs: _LARGE_WIDE before _NARROW_256, whose twice the
     # waves of half the cost is exactly a tie
     forms = (plain, _LARGE_WIDE, Int4GemmConfig("dequant"), _NARROW_256)
@@ -569,13 +580,13 @@ def _frag_config(m: int, n: int, k: int) -> Int4GemmConfig:
     kernel, the register mma kernel and the dequantizer read: K tiles of 128, wgmma's N the
     smallest power of two >= M, ``_large_config`` above M = 256. Wide weights (fourth session
     of 2026-11-30, ``bench_int4_wgmma.py --swap --frag``; BENCHMARKS.md, "INT4 GEMM"):
-    split-free, 128 rows up to M = 64, ``_WIDE_128`` up to 128, x tiles of 256 rows
+    split-free, 128 rows up to M = 64, ``_plain_128x64`` up to 128, x tiles of 256 rows
     warp-specialized above. Narrower ones: ``_mma_config`` at small M, else
     ``_narrow_swap``."""
     if m > 256:
         return _large_config(m, n, k, frag=True)
     if n <= 8192:
-        return _mma_config(m, n, k) or _narrow_swap(m, n, k)
+        return _mma_config(m, n, k) or _narrow_swap(m, n, k, frag=True)
     return _mma_config(m, n, k) or _wide_swap(m, frag=True)
 
 
@@ -598,7 +609,7 @@ def choose_config(
     128 x 128 x 64); above, and for narrower weights, dequantize + cuBLAS was fastest.
     Ahead of all of these from M = 2, for groups that are multiples of 128 (third session of
     2026-11-30): the swapped Gluon kernel, K tiles of 128, up to M = 256: on wide weights (N >
-    8192) as that session chose (but ``_WIDE_128`` at 64 < M <= 128; warp-specialized above),
+    8192) as that session chose (but ``_plain_128x64`` at 64 < M <= 128; warp-specialized above),
     on narrower ones as ``_narrow_swap`` (seventh session, once split-K partials were reduced
     in slots instead of with atomics); above M = 256 (eighth session) the swapped kernel or
     dequantize + cuBLAS by a cost model (``_large_config``). ``frag``: the weight's words are
@@ -624,7 +635,7 @@ def choose_config(
     if block_k == 128:
         if m > 256:
             return _large_config(m, n, k, frag=False)
-        return _narrow_swap(m, n, k) if small else _wide_swap(m, frag=False)
+        return _narrow_swap(m, n, k, frag=False) if small else _wide_swap(m, frag=False)
     # magic: the fallback where the inline-PTX and TMA paths do not apply (fp32 x, pre-sm_90)
     tma = {"magic": True, "pipelined": True, "asm": True, "tma": True}
     if m <= 16:

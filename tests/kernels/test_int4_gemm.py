@@ -463,7 +463,7 @@ def test_fragment_order_table_graph_replay_bf16(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 5, 8, 16, 32, 64, 200, 300])
+@pytest.mark.parametrize("m", [1, 5, 8, 16, 32, 64, 96, 200, 300])
 @pytest.mark.parametrize("n, k", [(16400, 512), (1040, 8192), (4240, 1024), (2048, 1024)])
 def test_engine_word_order_table_graph_replay_bf16(m, n, k):
     """Weights as the engine holds them on Hopper (``device_form``: fragment and tile order),
@@ -548,6 +548,24 @@ def test_narrow_swap_runs_a_second_warpgroup_where_one_split_fills_the_grid_or_k
             assert not (cfg.swap and cfg.wsplit), (m, n, k, frag, cfg)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [72, 80, 88, 96, 104])
+def test_engine_word_order_qkv_sized_at_m_72_to_104_graph_replay_bf16(m):
+    """The qkv projection's weight (4096 x 6144) as the engine holds it on Hopper at M =
+    72-104: the warp-specialized 128 x 64 tiling with two wgmmas in flight, x padded to the
+    whole tile where >= 48 rows are past M (M <= 80) and read past M by TMA's zero fill
+    elsewhere, in a CUDA graph."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("fragment order is for sm_90+")
+    cfg = choose_config(m, 6144, 4096, 128, torch.device("cuda"), frag=True)
+    assert cfg.specialized and cfg.pipe and cfg.block_m == 128, cfg
+    assert (pad_rows(m, cfg) > 0) == (m <= 80), (m, cfg)
+    canon = random_weight(6144, 4096, 128, seed=m)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    assert_graph_replays(x, device_form(canon), canon, f"engine order qkv M={m}")
+
+
 def test_wide_weights_at_m_33_to_64_run_one_warpgroup_with_two_wgmmas_in_flight():
     """Wide weights (N > 8192) in fragment order at M = 33-64 run the swapped kernel's 64-row x
     tiles over 128 weight rows with one warpgroup (16 words a thread per K tile) and two
@@ -563,6 +581,26 @@ def test_wide_weights_at_m_33_to_64_run_one_warpgroup_with_two_wgmmas_in_flight(
     for m, frag in [(17, True), (32, True), (48, False), (64, False)]:
         cfg = choose_config(m, 28672, 4096, 128, cpu, frag=frag)
         assert cfg.swap and cfg.num_warps == 4 and not cfg.pipe, (m, frag, cfg)
+
+
+def test_swapped_kernel_keeps_two_wgmmas_in_flight_at_m_65_to_128_in_fragment_order():
+    """At 64 < M <= 128, fragment-ordered words keep two wgmmas in flight (``pipe``): narrow
+    weights on the warp-specialized 128 x 64 tiling (one wave of programs) and wide ones on the
+    plain 128 x 64 tiling (``_LARGE_PLAIN_FRAG``, as above M = 256); canonical words keep the
+    one-at-a-time loop there (``_LARGE_PLAIN``), and above M = 128 both orders pipe."""
+    cpu = torch.device("cpu")
+    for m in (65, 72, 96, 112, 128):
+        for n, k in [(6144, 4096), (4096, 4096), (4096, 14336)]:
+            for frag in (True, False):
+                cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+                got = (cfg.strategy, cfg.swap, cfg.block_m, cfg.block_n, cfg.specialized)
+                assert got == ("wgmma", True, 128, 64, True), (m, n, k, frag, cfg)
+                assert cfg.pipe == frag and cfg.num_stages == 4, (m, n, k, frag, cfg)
+        assert choose_config(m, 28672, 4096, 128, cpu, frag=True) == _LARGE_PLAIN_FRAG, m
+        assert choose_config(m, 28672, 4096, 128, cpu, frag=False) == _LARGE_PLAIN, m
+    for frag in (True, False):
+        cfg = choose_config(200, 4096, 4096, 128, cpu, frag=frag)
+        assert cfg.specialized and cfg.block_m == 128 and cfg.pipe, (frag, cfg)
 
 
 def test_swapped_kernel_runs_wsplit_and_pipe_only_where_the_k_tiles_allow():
