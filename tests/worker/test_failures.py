@@ -77,8 +77,8 @@ def test_kill_9_then_new_worker(redis_server, s3_endpoint, tiny_model_dir, start
     second = start_worker({**env, "TIDAL_METRICS_PORT": str(free_port())})
     second.wait_ready()
     wait_explained(client, handle.job_id, 300, first=first, second=second)
-    status = check_exactly_once(client, handle.job_id, lines, s3_endpoint)
-    assert status.num_duplicates >= 0  # counted in the record; a kill may or may not cause one
+    # A kill may or may not cause a counted duplicate; either way one result per line.
+    check_exactly_once(client, handle.job_id, lines, s3_endpoint)
     wait_for(lambda: client.redis.hlen(inflight_key()) == 0, 10, "no chunk left in flight")
 
 
