@@ -58,6 +58,19 @@ def with_mma_options(cfg, options: dict):
     return dataclasses.replace(cfg, **wanted)
 
 
+def load_table(config_file: str):
+    """The ``int4_gemm_config`` module at ``config_file`` (``current``: this checkout's)."""
+    if config_file == "current":
+        import kernels.int4_gemm_config as table
+
+        return table
+    spec = importlib.util.spec_from_file_location("old_int4_gemm_config", config_file)
+    table = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = table  # dataclasses look their module up
+    spec.loader.exec_module(table)
+    return table
+
+
 def main() -> None:
     argv = sys.argv[1:]
     options = {}
@@ -70,14 +83,7 @@ def main() -> None:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     config_file, script, *args = argv
-    if config_file == "current":
-        import kernels.int4_gemm_config as old
-    else:
-        spec = importlib.util.spec_from_file_location("old_int4_gemm_config", config_file)
-        old = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = old  # dataclasses look their module up
-        spec.loader.exec_module(old)
-    chosen = old.choose_config
+    chosen = load_table(config_file).choose_config
 
     def choose_config(*a, **kw):
         cfg = int4_gemm.Int4GemmConfig(**dataclasses.asdict(chosen(*a, **kw)))

@@ -351,10 +351,9 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     on an H100 in two A/B pairs (BENCHMARKS.md, "INT4 GEMM", thirty-first session). Canonical
     words take the same rule, timed only in fragment order.
 
-    Since the thirty-third session the warp-specialized 128-row tiling keeps two wgmmas in
-    flight from M = 65 on fragment-ordered words (``frag``; above M = 128 in either order), as
-    above M = 128 since the eighth session (BENCHMARKS.md, "INT4 GEMM", thirty-third
-    session)."""
+    The warp-specialized 128-row tiling keeps two wgmmas in flight above M = 128 in either
+    word order (eighth session), and since the thirty-third session from M = 65 on
+    fragment-ordered words (``frag``; BENCHMARKS.md, "INT4 GEMM", thirty-third session)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     # wsplit: a second warpgroup over the later half of each program's K tiles instead of more

@@ -51,6 +51,8 @@ class JobStatus(BaseModel):
     num_cancelled: int = 0
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    # redeliveries of chunks already done; may still grow after the job completes (a chunk
+    # finished but not acked by a crashed worker runs again whenever it is redelivered)
     num_duplicates: int = 0
     created_at: float
     started_at: float | None = None
