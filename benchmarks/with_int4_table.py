@@ -6,8 +6,9 @@ old table against the current one in the same device session.
         benchmarks/bench_int4_decode.py --batches 1 --prefill 16 --prefill-len 1024
 
 The old module's configs are rebuilt as the current ``Int4GemmConfig`` (fields it lacks keep
-their defaults); the kernels are the current ones. ``--no-pad``: the launcher does not pad x
-to whole tiles of the swapped kernel (``pad_rows``), as before the fifteenth session.
+their defaults); the kernels are the current ones, and the launcher pads x to whole tiles of
+the swapped kernel by the old module's ``pad_rows``. ``--no-pad``: it does not pad x at all,
+as before the fifteenth session.
 
 A candidate table: the current one (``current`` for the file) with options set on every
 config of the register mma kernel that takes them (``--mma``, fields of ``Int4GemmConfig``;
@@ -73,17 +74,21 @@ def load_table(config_file: str):
 
 def main() -> None:
     argv = sys.argv[1:]
-    options = {}
+    options, no_pad = {}, False
     while argv[:1] in (["--no-pad"], ["--mma"]):
         if argv[0] == "--no-pad":
-            argv = argv[1:]
-            int4_gemm.pad_rows = lambda m, cfg: 0
+            argv, no_pad = argv[1:], True
         else:
             options, argv = mma_options(argv[1]), argv[2:]
     if len(argv) < 2:
         raise SystemExit(__doc__)
     config_file, script, *args = argv
-    chosen = load_table(config_file).choose_config
+    table = load_table(config_file)
+    chosen = table.choose_config
+    # the launcher pads x by the same module's rule (tables before the fifteenth session had
+    # none: no padding)
+    no_rows = lambda m, cfg: 0  # noqa: E731
+    int4_gemm.pad_rows = no_rows if no_pad else getattr(table, "pad_rows", no_rows)
 
     def choose_config(*a, **kw):
         cfg = int4_gemm.Int4GemmConfig(**dataclasses.asdict(chosen(*a, **kw)))
