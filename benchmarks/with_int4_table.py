@@ -72,6 +72,12 @@ def load_table(config_file: str):
     return table
 
 
+def as_current(cfg) -> int4_gemm.Int4GemmConfig:
+    """Another table's config rebuilt as the current ``Int4GemmConfig`` (fields its module
+    lacks keep their defaults), so configs of two tables compare field by field."""
+    return int4_gemm.Int4GemmConfig(**dataclasses.asdict(cfg))
+
+
 def main() -> None:
     argv = sys.argv[1:]
     options, no_pad = {}, False
@@ -91,7 +97,7 @@ def main() -> None:
     int4_gemm.pad_rows = no_rows if no_pad else getattr(table, "pad_rows", no_rows)
 
     def choose_config(*a, **kw):
-        cfg = int4_gemm.Int4GemmConfig(**dataclasses.asdict(chosen(*a, **kw)))
+        cfg = as_current(chosen(*a, **kw))
         return with_mma_options(cfg, options) if options else cfg
 
     int4_gemm.choose_config = choose_config
