@@ -56,7 +56,7 @@ def time_row(peers: Peers, m: int) -> tuple:
     kind = f"{cfg.strategy} {cfg.block_m}x{cfg.block_n} split {cfg.split_k}"
     kind += " ws" if cfg.specialized else ""
     kind += " pipe" if cfg.pipe else ""
-    return padded_m, *times, err, pad_rows(m, cfg), kind
+    return padded_m, *times, err, pad_rows(m, cfg, k), kind
 
 
 def main() -> None:

@@ -868,7 +868,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
     if cfg.strategy == "wgmma":
         if cfg.swap and int4_wgmma is not None and wgmma_swap_ok(x, weight, cfg.block_k):
             m = x.shape[0]
-            pad = pad_rows(m, cfg)
+            pad = pad_rows(m, cfg, x.shape[1])
             if pad:  # whole x tiles (``pad_rows``); a row past M reaches only its own output
                 # row, which is cut off, so the added rows are left as they come
                 x_pad = x.new_empty(m + pad, x.shape[1])

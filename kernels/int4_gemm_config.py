@@ -268,6 +268,17 @@ _NARROW_256 = Int4GemmConfig(
     "wgmma", 256, 64, 128, 1, 4, 3, swap=True, specialized=True, pipe=True, vector_store=True
 )
 
+# o_proj-sized weights (two 64-row x tiles fill 96-132 programs) at 104 <= M <= 128 on
+# fragment-ordered words: 64 x 64, unsplit, warp-specialized, two wgmmas in flight, a ring of 6.
+# On the H200 (thirty-fifth session, ``bench_int4_gemm.py`` A/B; BENCHMARKS.md, "INT4 GEMM")
+# 4096 x 4096 at M = 104 / 112 / 120 / 128 took 13.7, 13.6 / 13.6, 13.6 / 13.7, 13.6 / 13.6,
+# 13.7 against 15.3, 15.1 / 15.2, 15.3 / 15.2, 15.3 / 15.5, 15.7 us (128 x 64 split 2). With
+# more rows past M in the second tile (M = 65-96, 32-63 past) its zero fill made it as slow
+# or slower (M = 65: 22.7, 20.4 against 17.2, 17.0), and on down_proj (K = 14336) 19-96% slower.
+_NARROW_2X64 = Int4GemmConfig(
+    "wgmma", 64, 64, 128, 1, 4, 6, swap=True, specialized=True, pipe=True, vector_store=True
+)
+
 
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
     """Wide weights (N > 8192) for M <= 256 on the swapped wgmma kernel, unsplit, K tiles of
@@ -353,7 +364,9 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
 
     The warp-specialized 128-row tiling keeps two wgmmas in flight above M = 128 in either
     word order (eighth session), and since the thirty-third session from M = 65 on
-    fragment-ordered words (``frag``; BENCHMARKS.md, "INT4 GEMM", thirty-third session)."""
+    fragment-ordered words (``frag``; BENCHMARKS.md, "INT4 GEMM", thirty-third session).
+    Since the thirty-fifth session, o_proj-sized weights in fragment order at 104 <= M <= 128
+    run two 64-row x tiles unsplit instead (``_NARROW_2X64``)."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     # wsplit: a second warpgroup over the later half of each program's K tiles instead of more
@@ -368,6 +381,9 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
             target *= 2
         wsplit = m <= 64 and (k >= 8192 or (target == 1 and not 32 < m < 48))
     split = _pow2_split(target, k, 128, 16)
+    if frag and 64 < m <= 128 and -m % 64 <= 24 and k < 8192 and 96 <= 2 * tiles <= _ONE_WAVE:
+        # o_proj-sized: two 64-row x tiles, unsplit, rather than one of 128 split in two
+        return _NARROW_2X64
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256
     if m > 64 and tiles * split > _ONE_WAVE:
@@ -464,7 +480,7 @@ def split_rows(
     return main if first + second + join < one else 0
 
 
-def pad_rows(m: int, cfg: Int4GemmConfig) -> int:
+def pad_rows(m: int, cfg: Int4GemmConfig, k: int) -> int:
     """Rows of x to add before the swapped wgmma kernel runs ``cfg``: its x tile is a
     TMA box of ``block_m`` rows, and a box that reaches far past M made the call up to 2.4x
     slower on the H200 (the zero fill of its out-of-bounds rows; fifteenth session,
@@ -474,11 +490,23 @@ def pad_rows(m: int, cfg: Int4GemmConfig) -> int:
     programs per multiprocessor; 96 for those with 128 weight rows, twice the products per
     byte of x), which was faster wherever the copy (1.5-3 us below M = 256) was not; at
     fewer rows past M the fill cost less than the copy (4096 x 6144 at M = 96: 19.8 us
-    against 21.4 padded). 0 for every other strategy."""
+    against 21.4 padded). 0 for every other strategy.
+
+    Since the thirty-fifth session, the single 128-row tile of the warp-specialized tiling with
+    two wgmmas in flight (M < 128, fragment-ordered words) pads from 32 rows past M where each
+    program runs at least 32 of the K (``k``) tiles: on the H200 (``bench_int4_gemm.py`` A/B,
+    BENCHMARKS.md, "INT4 GEMM", thirty-fifth session) 4096 x 6144 at M = 88 / 96 took 18.1,
+    18.0 / 18.0, 17.8 against 19.8, 19.7 / 19.3, 19.1 us, 14336 x 4096 at M = 88 34.5, 34.3
+    against 40.7, 39.0; with fewer K tiles per program the copy cost more than the fill
+    (4096 x 4096, split 2, at M = 88 / 96: 17.3 / 17.2 padded against 16.6 / 16.4)."""
     if not (cfg.strategy == "wgmma" and cfg.swap) or cfg.block_m < 128:
         return 0
     past = -m % cfg.block_m
     least = 24 if not cfg.specialized else 48 * cfg.block_n // 64
+    # one 128-row tile with two wgmmas in flight, each program over >= 32 K tiles
+    if cfg.pipe and cfg.specialized and cfg.block_m == 128 and m < 128:
+        if k >= 32 * cfg.block_k * cfg.split_k:
+            least = 32
     return past if past >= least else 0
 
 

@@ -23,6 +23,7 @@ from kernels.int4_gemm_config import (  # noqa: E402
     _LARGE_PLAIN,
     _LARGE_PLAIN_FRAG,
     _LARGE_WIDE,
+    _NARROW_2X64,
     _NARROW_256,
     choose_config,
     pad_rows,
@@ -482,12 +483,19 @@ def test_engine_word_order_table_graph_replay_bf16(m, n, k):
 
 def test_pad_rows_rule():
     """``pad_rows``: whole x tiles for the swapped kernel where the last tile reaches at least
-    48 rows past M (24 without warp specialization, 96 with 128 weight rows), as measured on
-    the H200; nothing for the other kernels or a short overhang."""
+    48 rows past M (24 without warp specialization, 96 with 128 weight rows; 32 for the single
+    128-row tile with two wgmmas in flight where each program runs >= 32 K tiles), as measured
+    on the H200; nothing for the other kernels or a short overhang."""
     cpu = torch.device("cpu")
     for m, n, k, want in [
         (72, 6144, 4096, 56),  # 128 x 64, warp-specialized: 56 rows past M
-        (96, 6144, 4096, 0),  # 32 past: the fill cost less than the copy
+        (88, 6144, 4096, 40),  # one tile, two wgmmas in flight, 32 K tiles: from 32 past
+        (96, 6144, 4096, 32),
+        (104, 6144, 4096, 0),  # 24 past: the fill cost less than the copy
+        (96, 4096, 14336, 32),  # split 2 over 112 K tiles: 56 a program
+        (88, 4096, 4096, 0),  # split 2 over 32 K tiles: 16 a program, from 48 past
+        (72, 4096, 4096, 56),
+        (96, 6144, 4096 * 2 - 128, 32),
         (136, 6144, 4096, 120),  # _NARROW_256
         (224, 6144, 4096, 0),
         (96, 28672, 4096, 32),  # 128 x 64 not warp-specialized: 24 suffice
@@ -499,8 +507,13 @@ def test_pad_rows_rule():
         (40, 6144, 4096, 0),  # 64-row tiles: no slowdown measured
     ]:
         cfg = choose_config(m, n, k, 128, cpu, frag=True)
-        assert pad_rows(m, cfg) == want, (m, n, k, cfg)
-    assert pad_rows(300, Int4GemmConfig("dequant")) == 0
+        assert pad_rows(m, cfg, k) == want, (m, n, k, cfg)
+    assert pad_rows(300, Int4GemmConfig("dequant"), 4096) == 0
+    # the same tile over 31 K tiles a program: from 48 past
+    cfg = choose_config(88, 6144, 4096, 128, cpu, frag=True)
+    assert pad_rows(88, cfg, 31 * 128) == 0 and pad_rows(72, cfg, 31 * 128) == 56
+    # canonical words keep one wgmma at a time there: from 48 past
+    assert pad_rows(96, choose_config(96, 6144, 4096, 128, cpu, frag=False), 4096) == 0
 
 
 def test_narrow_swap_issues_the_weight_first_at_m_17_to_64():
@@ -553,13 +566,13 @@ def test_narrow_swap_runs_a_second_warpgroup_where_one_split_fills_the_grid_or_k
 def test_engine_word_order_qkv_sized_at_m_72_to_104_graph_replay_bf16(m):
     """The qkv projection's weight (4096 x 6144) as the engine holds it on Hopper at M =
     72-104: the warp-specialized 128 x 64 tiling with two wgmmas in flight, x padded to the
-    whole tile where >= 48 rows are past M (M <= 80) and read past M by TMA's zero fill
+    whole tile where >= 32 rows are past M (M <= 96) and read past M by TMA's zero fill
     elsewhere, in a CUDA graph."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     cfg = choose_config(m, 6144, 4096, 128, torch.device("cuda"), frag=True)
     assert cfg.specialized and cfg.pipe and cfg.block_m == 128, cfg
-    assert (pad_rows(m, cfg) > 0) == (m <= 80), (m, cfg)
+    assert (pad_rows(m, cfg, 4096) > 0) == (m <= 96), (m, cfg)
     canon = random_weight(6144, 4096, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
@@ -593,6 +606,8 @@ def test_swapped_kernel_keeps_two_wgmmas_in_flight_at_m_65_to_128_in_fragment_or
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336)]:
             for frag in (True, False):
                 cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+                if cfg == _NARROW_2X64:  # o_proj-sized at M >= 104 (the test below)
+                    continue
                 got = (cfg.strategy, cfg.swap, cfg.block_m, cfg.block_n, cfg.specialized)
                 assert got == ("wgmma", True, 128, 64, True), (m, n, k, frag, cfg)
                 assert cfg.pipe == frag and cfg.num_stages == 4, (m, n, k, frag, cfg)
@@ -601,6 +616,26 @@ def test_swapped_kernel_keeps_two_wgmmas_in_flight_at_m_65_to_128_in_fragment_or
     for frag in (True, False):
         cfg = choose_config(200, 4096, 4096, 128, cpu, frag=frag)
         assert cfg.specialized and cfg.block_m == 128 and cfg.pipe, (frag, cfg)
+
+
+def test_o_proj_sized_weights_run_two_64_row_x_tiles_unsplit_at_m_104_to_128():
+    """Narrow weights whose two 64-row x tiles make 96-132 programs (o_proj-sized), K < 8192,
+    fragment-ordered, at 104 <= M <= 128 (at most 24 rows past the second tile): 64 x 64
+    unsplit, warp-specialized, two wgmmas in flight (``_NARROW_2X64``), not 128 x 64 split 2.
+    Below M = 104, long K, qkv-sized and small weights and canonical words keep 128-row tiles."""
+    cpu = torch.device("cpu")
+    for m in (104, 112, 120, 128):
+        for n, k in [(4096, 4096), (3072, 4096), (4224, 1024), (4096, 8064)]:
+            assert choose_config(m, n, k, 128, cpu, frag=True) == _NARROW_2X64, (m, n, k)
+    assert _NARROW_2X64.block_m == 64 and _NARROW_2X64.split_k == 1
+    assert _NARROW_2X64.specialized and _NARROW_2X64.pipe and _NARROW_2X64.num_stages == 6
+    for m, n, k, frag in [
+        (103, 4096, 4096, True), (96, 4096, 4096, True), (65, 4096, 4096, True),
+        (129, 4096, 4096, True), (112, 4096, 4096, False), (112, 4096, 14336, True),
+        (112, 6144, 4096, True), (112, 4288, 4096, True), (112, 3008, 4096, True),
+    ]:  # fmt: skip
+        cfg = choose_config(m, n, k, 128, cpu, frag=frag)
+        assert cfg.strategy != "wgmma" or cfg.block_m >= 128, (m, n, k, frag, cfg)
 
 
 def test_swapped_kernel_runs_wsplit_and_pipe_only_where_the_k_tiles_allow():
@@ -700,6 +735,23 @@ def test_rows_split_into_two_calls_agree_with_the_reference(m, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n, k", [(104, 4096, 4096), (120, 4224, 1024), (128, 3072, 2048)])
+def test_engine_word_order_two_64_row_x_tiles_graph_replay_bf16(m, n, k):
+    """o_proj-sized weights as the engine holds them at M = 104-128: two 64-row x tiles,
+    unsplit, warp-specialized, two wgmmas in flight (``_NARROW_2X64``), the second tile read
+    past M by TMA's zero fill, eagerly and in a CUDA graph, against the reference."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("fragment order is for sm_90+")
+    assert choose_config(m, n, k, 128, torch.device("cuda"), frag=True) == _NARROW_2X64
+    canon = random_weight(n, k, 128, seed=m + n)
+    canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
+    weight = device_form(canon)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert_close(int4_gemm(x, weight), int4_gemm_ref(x, canon), torch.bfloat16, f"M={m} N={n}")
+    assert_graph_replays(x, weight, canon, f"two 64-row tiles M={m} N={n} K={k}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192)])
 def test_padded_rows_never_reach_the_output(m, n, k):
     """Where the table pads x to whole tiles (``pad_rows``), the added rows are left as the
@@ -708,7 +760,7 @@ def test_padded_rows_never_reach_the_output(m, n, k):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the swapped wgmma kernel is for sm_90+")
     cfg = choose_config(m, n, k, 128, torch.device("cuda"), frag=True)
-    pad = pad_rows(m, cfg)
+    pad = pad_rows(m, cfg, k)
     assert pad > 0, cfg
     canon = random_weight(n, k, 128, seed=m)
     canon = Int4Weight(canon.qweight, canon.scales.bfloat16(), canon.offsets.bfloat16(), 128)
