@@ -23,7 +23,7 @@ from kernels.int4_gemm import (  # noqa: E402
     int4_gemm,
     int4_gemm_ref,
 )
-from kernels.int4_gemm_config import choose_config  # noqa: E402
+from kernels.int4_gemm_config import _NARROW_2X64, choose_config  # noqa: E402
 from kernels.int4_weight import frag_order, frag_unorder, tile_order, tile_unorder  # noqa: E402
 from tests.kernels.test_int4_gemm import DEVICE, assert_close, random_weight  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_int4_gemm_routes_fragment_order():
     """Off Hopper (and on CPU) a fragment-ordered weight runs on dequantize + matmul; the table
     gives such weights the register mma kernel (M <= 16 on N <= 8192 with K < 8192, else M <=
     8), the swapped wgmma kernel (M <= 256; x tiles of 128 rows above M = 64 on narrow
-    weights) or dequantize only."""
+    weights, two of 64 on o_proj-sized ones at M = 104-128) or dequantize only."""
     canon = random_weight(48, 256, 128, seed=13, perm=True)
     w = canon.to_frag()
     for m in (1, 7, 300):
@@ -129,6 +129,9 @@ def test_int4_gemm_routes_fragment_order():
             # above M = 256 the cost model's pick: dequantize + cuBLAS or a swapped tiling
             assert cfg.swap or (m > 256 and cfg.strategy == "dequant"), (m, n, cfg)
             rows = 128 if n <= 8192 and m > 64 else min(m, 128)
+            if n == 4096 and m == 128:  # o_proj-sized at M = 104-128: two 64-row x tiles
+                assert cfg == _NARROW_2X64, cfg
+                rows = 64
             assert cfg.strategy == "dequant" or cfg.block_k == 128 and cfg.block_m >= rows
     with pytest.raises(ValueError, match="fragment-ordered"):
         int4_gemm(torch.randn(2, 256, device=DEVICE), w, config=Int4GemmConfig("gemv"))
