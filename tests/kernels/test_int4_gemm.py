@@ -484,8 +484,9 @@ def test_engine_word_order_table_graph_replay_bf16(m, n, k):
 def test_pad_rows_rule():
     """``pad_rows``: whole x tiles for the swapped kernel where the last tile reaches at least
     48 rows past M (24 without warp specialization, 96 with 128 weight rows; 32 for the single
-    128-row tile with two wgmmas in flight where each program runs >= 32 K tiles), as measured
-    on the H200; nothing for the other kernels or a short overhang."""
+    128-row tile with two wgmmas in flight where each program runs >= 32 K tiles, and for the
+    two 64-row tiles of ``_NARROW_2X64``, padded to 128 rows), as measured on the H200 and an
+    H100; nothing for the other kernels or a short overhang."""
     cpu = torch.device("cpu")
     for m, n, k, want in [
         (72, 6144, 4096, 56),  # 128 x 64, warp-specialized: 56 rows past M
@@ -493,8 +494,12 @@ def test_pad_rows_rule():
         (96, 6144, 4096, 32),
         (104, 6144, 4096, 0),  # 24 past: the fill cost less than the copy
         (96, 4096, 14336, 32),  # split 2 over 112 K tiles: 56 a program
-        (88, 4096, 4096, 0),  # split 2 over 32 K tiles: 16 a program, from 48 past
+        (65, 4096, 4096, 63),  # _NARROW_2X64: two 64-row tiles, x padded to 128 rows
         (72, 4096, 4096, 56),
+        (96, 4096, 4096, 32),
+        (100, 4096, 4096, 0),  # 28 past the second tile
+        (120, 4096, 4096, 0),
+        (88, 4096, 14336, 40),  # long K keeps the 128-row tile
         (96, 6144, 4096 * 2 - 128, 32),
         (136, 6144, 4096, 120),  # _NARROW_256
         (224, 6144, 4096, 0),
@@ -606,7 +611,7 @@ def test_swapped_kernel_keeps_two_wgmmas_in_flight_at_m_65_to_128_in_fragment_or
         for n, k in [(6144, 4096), (4096, 4096), (4096, 14336)]:
             for frag in (True, False):
                 cfg = choose_config(m, n, k, 128, cpu, frag=frag)
-                if cfg == _NARROW_2X64:  # o_proj-sized at M >= 104 (the test below)
+                if cfg == _NARROW_2X64:  # o_proj-sized (the test below)
                     continue
                 got = (cfg.strategy, cfg.swap, cfg.block_m, cfg.block_n, cfg.specialized)
                 assert got == ("wgmma", True, 128, 64, True), (m, n, k, frag, cfg)
@@ -618,21 +623,21 @@ def test_swapped_kernel_keeps_two_wgmmas_in_flight_at_m_65_to_128_in_fragment_or
         assert cfg.specialized and cfg.block_m == 128 and cfg.pipe, (frag, cfg)
 
 
-def test_o_proj_sized_weights_run_two_64_row_x_tiles_unsplit_at_m_104_to_128():
+def test_o_proj_sized_weights_run_two_64_row_x_tiles_unsplit_at_m_65_to_128():
     """Narrow weights whose two 64-row x tiles make 96-132 programs (o_proj-sized), K < 8192,
-    fragment-ordered, at 104 <= M <= 128 (at most 24 rows past the second tile): 64 x 64
-    unsplit, warp-specialized, two wgmmas in flight (``_NARROW_2X64``), not 128 x 64 split 2.
-    Below M = 104, long K, qkv-sized and small weights and canonical words keep 128-row tiles."""
+    fragment-ordered, at 64 < M <= 128: 64 x 64 unsplit, warp-specialized, two wgmmas in
+    flight (``_NARROW_2X64``), not 128 x 64 split 2. Long K, qkv-sized and small weights,
+    canonical words and M > 128 keep 128-row tiles."""
     cpu = torch.device("cpu")
-    for m in (104, 112, 120, 128):
+    for m in (65, 72, 88, 96, 100, 104, 112, 120, 128):
         for n, k in [(4096, 4096), (3072, 4096), (4224, 1024), (4096, 8064)]:
             assert choose_config(m, n, k, 128, cpu, frag=True) == _NARROW_2X64, (m, n, k)
     assert _NARROW_2X64.block_m == 64 and _NARROW_2X64.split_k == 1
     assert _NARROW_2X64.specialized and _NARROW_2X64.pipe and _NARROW_2X64.num_stages == 6
     for m, n, k, frag in [
-        (103, 4096, 4096, True), (96, 4096, 4096, True), (65, 4096, 4096, True),
-        (129, 4096, 4096, True), (112, 4096, 4096, False), (112, 4096, 14336, True),
-        (112, 6144, 4096, True), (112, 4288, 4096, True), (112, 3008, 4096, True),
+        (129, 4096, 4096, True), (112, 4096, 4096, False), (72, 4096, 4096, False),
+        (112, 4096, 14336, True), (72, 4096, 14336, True), (112, 6144, 4096, True),
+        (72, 6144, 4096, True), (112, 4288, 4096, True), (112, 3008, 4096, True),
     ]:  # fmt: skip
         cfg = choose_config(m, n, k, 128, cpu, frag=frag)
         assert cfg.strategy != "wgmma" or cfg.block_m >= 128, (m, n, k, frag, cfg)
@@ -735,11 +740,16 @@ def test_rows_split_into_two_calls_agree_with_the_reference(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(104, 4096, 4096), (120, 4224, 1024), (128, 3072, 2048)])
+@pytest.mark.parametrize(
+    "m, n, k",
+    [(65, 4096, 4096), (96, 3072, 2048), (100, 4096, 4096), (104, 4096, 4096), (120, 4224, 1024),
+     (128, 3072, 2048)],
+)  # fmt: skip
 def test_engine_word_order_two_64_row_x_tiles_graph_replay_bf16(m, n, k):
-    """o_proj-sized weights as the engine holds them at M = 104-128: two 64-row x tiles,
+    """o_proj-sized weights as the engine holds them at M = 65-128: two 64-row x tiles,
     unsplit, warp-specialized, two wgmmas in flight (``_NARROW_2X64``), the second tile read
-    past M by TMA's zero fill, eagerly and in a CUDA graph, against the reference."""
+    past M by TMA's zero fill (M >= 97) or x padded to 128 rows (``pad_rows``), eagerly and in
+    a CUDA graph, against the reference."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("fragment order is for sm_90+")
     assert choose_config(m, n, k, 128, torch.device("cuda"), frag=True) == _NARROW_2X64
@@ -752,7 +762,9 @@ def test_engine_word_order_two_64_row_x_tiles_graph_replay_bf16(m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192)])
+@pytest.mark.parametrize(
+    "m, n, k", [(136, 4232, 1024), (96, 16440, 512), (72, 1032, 8192), (80, 4096, 2048)]
+)
 def test_padded_rows_never_reach_the_output(m, n, k):
     """Where the table pads x to whole tiles (``pad_rows``), the added rows are left as the
     allocator hands them over: here a block just filled with NaN. The output holds only x's
