@@ -274,9 +274,11 @@ _NARROW_256 = Int4GemmConfig(
 # 4096 x 4096 at M = 104 / 112 / 120 / 128 took 13.7, 13.6 / 13.6, 13.6 / 13.7, 13.6 / 13.6,
 # 13.7 against 15.3, 15.1 / 15.2, 15.3 / 15.2, 15.3 / 15.5, 15.7 us (128 x 64 split 2). With
 # more rows past M in the second tile (M = 65-96, 32-63 past) its zero fill made it as slow
-# or slower (M = 65: 22.7, 20.4 against 17.2, 17.0), so there x is padded to 128 rows
-# (``pad_rows``, thirty-sixth session: 14.6-15.0 against 16.7-17.7 us on an H100). On
-# down_proj (K = 14336) 64-row tiles were 19-96% slower.
+# or slower (M = 65: 22.7, 20.4 against 17.2, 17.0), so there x is padded to 128 rows from
+# 32 rows past M (``pad_rows``; thirty-sixth session, on an H100: M = 65 / 72 / 80 / 88 / 96
+# took 14.7, 15.0 / 14.6, 14.6 / 14.6, 14.6 / 14.6, 14.6 / 14.6, 14.6 against 17.2, 17.2 /
+# 17.1, 16.8 / 16.8, 16.9 / 17.4, 17.7 / 16.7, 17.0 us). On down_proj (K = 14336) 64-row
+# tiles were 19-96% slower.
 _NARROW_2X64 = Int4GemmConfig(
     "wgmma", 64, 64, 128, 1, 4, 6, swap=True, specialized=True, pipe=True, vector_store=True
 )
@@ -368,10 +370,8 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     word order (eighth session), and since the thirty-third session from M = 65 on
     fragment-ordered words (``frag``; BENCHMARKS.md, "INT4 GEMM", thirty-third session).
     Since the thirty-fifth session, o_proj-sized weights in fragment order at 104 <= M <= 128
-    run two 64-row x tiles unsplit instead (``_NARROW_2X64``), and since the thirty-sixth at
-    every 64 < M <= 128, x padded to 128 rows where the second tile reaches 32 or more rows
-    past M (``pad_rows``): on an H100 4096 x 4096 at M = 65-96 took 14.6-15.0 against
-    16.7-17.7 us (BENCHMARKS.md, "INT4 GEMM", thirty-sixth session)."""
+    run two 64-row x tiles unsplit instead (``_NARROW_2X64``; its comment gives the figures),
+    and since the thirty-sixth at every 64 < M <= 128, x padded by ``pad_rows``."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     # wsplit: a second warpgroup over the later half of each program's K tiles instead of more
@@ -505,22 +505,21 @@ def pad_rows(m: int, cfg: Int4GemmConfig, k: int) -> int:
     against 40.7, 39.0; with fewer K tiles per program the copy cost more than the fill
     (4096 x 4096, split 2, at M = 88 / 96: 17.3 / 17.2 padded against 16.6 / 16.4).
 
-    Since the thirty-sixth session, the two 64-row tiles of ``_NARROW_2X64`` (64 < M <= 128)
-    pad x to 128 rows from 32 rows past M: unpadded, 4096 x 4096 at M = 65 / 72 took 22.7,
-    20.4 / 19.3, 19.9 us on the H200 (thirty-fifth session) against 17.2 / 17.1 on one
-    128-row tile; padded, 14.7, 15.0 / 14.6, 14.6 on an H100 against 17.2 / 17.1, 16.8."""
+    Tiles of fewer than 128 rows pad nothing, except the second 64-row tile of
+    ``_NARROW_2X64`` (64 < M <= 128), from 32 rows past M, since the thirty-sixth session (the
+    figures are in its comment)."""
     if not (cfg.strategy == "wgmma" and cfg.swap):
         return 0
-    if cfg.block_m == 64 and cfg.specialized and cfg.pipe and 64 < m <= 128:  # _NARROW_2X64
-        return 128 - m if 128 - m >= 32 else 0
-    if cfg.block_m < 128:
-        return 0
     past = -m % cfg.block_m
-    least = 24 if not cfg.specialized else 48 * cfg.block_n // 64
-    # one 128-row tile with two wgmmas in flight, each program over >= 32 K tiles
-    if cfg.pipe and cfg.specialized and cfg.block_m == 128 and m < 128:
-        if k >= 32 * cfg.block_k * cfg.split_k:
-            least = 32
+    if cfg.block_m < 128:  # least = block_m: never
+        two_64 = cfg.block_m == 64 and cfg.specialized and cfg.pipe and 64 < m <= 128
+        least = 32 if two_64 else cfg.block_m
+    else:
+        least = 24 if not cfg.specialized else 48 * cfg.block_n // 64
+        # one 128-row tile with two wgmmas in flight, each program over >= 32 K tiles
+        if cfg.pipe and cfg.specialized and cfg.block_m == 128 and m < 128:
+            if k >= 32 * cfg.block_k * cfg.split_k:
+                least = 32
     return past if past >= least else 0
 
 
