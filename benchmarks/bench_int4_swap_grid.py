@@ -18,6 +18,17 @@ per multiprocessor (qkv at M = 64: 96 programs of 64 weight rows on 132 multipro
 registers capped at 200, so two programs cannot share one); a split of 4 with 3 stages and at
 most 168 registers runs three programs of a fuller grid on every multiprocessor. Each output
 is checked against the reference.
+
+``--mma`` varies the register mma kernel's form instead (``kernels/int4_mma.py``; x through
+shared memory, warps over K): split-K, weight rows per program, warps over rows per K range,
+warps, register cap, the scales in the decode, the words in x's ring, the scales a tile
+ahead. Its base is the table's config where that is the mma kernel, else the table's M = 9-16
+form of qkv-sized weights; with ``--from-m1`` the table's M = 1 form of the weight with 16 rows
+of x (the point: whether M = 9-16 can run as M = 1 does, at M = 1's speed).
+
+    python3 benchmarks/bench_int4_swap_grid.py --mma [--from-m1] --rows 12,16 --splits 1,2,4 \
+        --block-n 16,32 --warps 4,8 --caps 0,128 [--row-warps 1,2] [--scaled 0,1] \
+        [--w-ring 0,1] [--s-ahead 0,1]
 """
 
 from __future__ import annotations
@@ -54,8 +65,57 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
     return _narrow_swap(m, n, k, frag=True) if n <= 8192 else _wide_swap(m, frag=True)
 
 
+# The table's M = 9-16 form of qkv-sized weights: the ``--mma`` base where the table runs
+# another kernel at that M.
+_MMA_M16 = Int4GemmConfig(
+    "mma", 16, 32, 128, 1, 8, 1, pdl=True, wsplit=True, x_smem=True, row_warps=2, scaled=True,
+    weights_first=True,
+)  # fmt: skip
+
+
+def mma_base(m: int, n: int, k: int, group: int, device, from_m1: bool) -> Int4GemmConfig:
+    """``--mma``: the table's config if it is the mma kernel, else ``_MMA_M16`` (8 rows of x
+    up to M = 8); ``from_m1``: the table's M = 1 form with 16 rows of x."""
+    if from_m1:
+        return dataclasses.replace(choose_config(1, n, k, group, device, frag=True), block_m=16)
+    cfg = choose_config(m, n, k, group, device, frag=True)
+    if cfg.strategy == "mma":
+        return cfg
+    return dataclasses.replace(_MMA_M16, block_m=8 if m <= 8 else 16)
+
+
+def mma_variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
+    """``--mma``: every valid combination of the mma axes, the base first; an axis not given
+    keeps the base's value."""
+    keep = lambda values, name: values or [getattr(base, name)]  # noqa: E731
+    out = [base]
+    for split, block_n, row_warps, warps, cap, scaled, w_ring, s_ahead in itertools.product(
+        args.splits,
+        args.block_n,
+        keep(args.row_warps, "row_warps"),
+        args.warps or [base.num_warps],
+        args.caps,
+        keep(args.scaled, "scaled"),
+        keep(args.w_ring, "w_ring"),
+        keep(args.s_ahead, "s_ahead"),
+    ):
+        try:
+            cfg = dataclasses.replace(
+                base, split_k=split, block_n=block_n, row_warps=row_warps, num_warps=warps,
+                maxnreg=cap or None, scaled=bool(scaled), w_ring=bool(w_ring),
+                s_ahead=bool(s_ahead),
+            )  # fmt: skip
+        except ValueError:  # a combination the mma kernel does not take
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
     """Every valid combination of the axes, the base first."""
+    if args.mma:
+        return mma_variants(base, args)
     out = [base]
     for split, stages, cap, spec, pipe, block_n, first, warps, wsplit, rows in itertools.product(
         args.splits,
@@ -118,6 +178,14 @@ def main() -> None:
         default="0",
         help="0,1: a second warpgroup over the later half of each program's K tiles (1)",
     )
+    parser.add_argument("--mma", action="store_true", help="vary the register mma kernel")
+    parser.add_argument(
+        "--from-m1", action="store_true", help="--mma: the table's M = 1 form as the base"
+    )
+    parser.add_argument("--row-warps", default="", help="--mma: warps over rows per K range")
+    parser.add_argument("--scaled", default="", help="--mma: 0,1: the scales in the decode")
+    parser.add_argument("--w-ring", default="", help="--mma: 0,1: the words in x's ring")
+    parser.add_argument("--s-ahead", default="", help="--mma: 0,1: the scales a tile ahead")
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--compile-only", default=None, help="I/N: every N-th variant, untimed")
     args = parser.parse_args()
@@ -128,6 +196,8 @@ def main() -> None:
     args.warps = ints(args.warps) if args.warps else []
     args.block_m = ints(args.block_m) if args.block_m else []
     args.wsplit = ints(args.wsplit)
+    for name in ("row_warps", "scaled", "w_ring", "s_ahead"):
+        setattr(args, name, ints(getattr(args, name)) if getattr(args, name) else [])
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     table = []
@@ -136,7 +206,10 @@ def main() -> None:
         w0 = peers.int4[0]
         for m in ints(args.rows):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            base = base_config(m, n, k, w0.group_size, x.device)
+            if args.mma:
+                base = mma_base(m, n, k, w0.group_size, x.device, args.from_m1)
+            else:
+                base = base_config(m, n, k, w0.group_size, x.device)
             cands = variants(base, args)
             if shard is not None:
                 for cfg in cands[shard[0] :: shard[1]]:
@@ -166,7 +239,8 @@ def main() -> None:
                 results.append((t, err, cfg))
             t_base = next(t for t, _, c in results if c == base)
             results.sort(key=lambda r: r[0])
-            print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us, swapped "
+            kind = "mma" if args.mma else "swapped"
+            print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us, {kind} "
                   f"base {t_base:.1f} us: {base}")  # fmt: skip
             for t, err, cfg in results[: args.top]:
                 print(f"  {t:.1f} us ({t_bf16 / t:.2f}x of bf16) err {err:.1e}: {short(cfg, base)}")
@@ -177,7 +251,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     if shard is not None:
         return
-    print("\n| K x N | M | bf16 us | table us | swapped base us | best us | bf16 / best | "
+    kind = "mma" if args.mma else "swapped"
+    print(f"\n| K x N | M | bf16 us | table us | {kind} base us | best us | bf16 / best | "
           "worst rel. error | best: its change from the base |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for k, n, m, t_bf16, t_table, t_base, best_t, worst, desc in table:
