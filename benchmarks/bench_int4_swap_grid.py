@@ -65,50 +65,51 @@ def base_config(m: int, n: int, k: int, group: int, device) -> Int4GemmConfig:
     return _narrow_swap(m, n, k, frag=True) if n <= 8192 else _wide_swap(m, frag=True)
 
 
-# The table's M = 9-16 form of qkv-sized weights: the ``--mma`` base where the table runs
-# another kernel at that M.
-_MMA_M16 = Int4GemmConfig(
-    "mma", 16, 32, 128, 1, 8, 1, pdl=True, wsplit=True, x_smem=True, row_warps=2, scaled=True,
-    weights_first=True,
-)  # fmt: skip
-
-
 def mma_base(m: int, n: int, k: int, group: int, device, from_m1: bool) -> Int4GemmConfig:
-    """``--mma``: the table's config if it is the mma kernel, else ``_MMA_M16`` (8 rows of x
-    up to M = 8); ``from_m1``: the table's M = 1 form with 16 rows of x."""
+    """``--mma``: the table's config if it is the mma kernel, else the table's M = 9-16 form of
+    qkv-sized weights (``SHAPES[0]``; 8 rows of x up to M = 8); ``from_m1``: the table's M = 1
+    form of this weight with 16 rows of x."""
     if from_m1:
         return dataclasses.replace(choose_config(1, n, k, group, device, frag=True), block_m=16)
     cfg = choose_config(m, n, k, group, device, frag=True)
     if cfg.strategy == "mma":
         return cfg
-    return dataclasses.replace(_MMA_M16, block_m=8 if m <= 8 else 16)
+    qkv_k, qkv_n = SHAPES[0]
+    qkv16 = choose_config(16, qkv_n, qkv_k, group, device, frag=True)
+    return dataclasses.replace(qkv16, block_m=8 if m <= 8 else 16)
+
+
+def _add(out: list[Int4GemmConfig], base: Int4GemmConfig, **changes) -> None:
+    """Append ``base`` with ``changes`` to ``out`` unless that config is already there or is
+    one the kernel does not take (``Int4GemmConfig`` raises ValueError)."""
+    try:
+        cfg = dataclasses.replace(base, **changes)
+    except ValueError:
+        return
+    if cfg not in out:
+        out.append(cfg)
 
 
 def mma_variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
-    """``--mma``: every valid combination of the mma axes, the base first; an axis not given
-    keeps the base's value."""
+    """``--mma``: every valid combination of the mma axes, the base first; row warps, warps,
+    the scaled decode, words in x's ring and scales ahead keep the base's value where not
+    given (split-K, weight rows and caps have the defaults of the swapped axes)."""
     keep = lambda values, name: values or [getattr(base, name)]  # noqa: E731
     out = [base]
     for split, block_n, row_warps, warps, cap, scaled, w_ring, s_ahead in itertools.product(
         args.splits,
         args.block_n,
         keep(args.row_warps, "row_warps"),
-        args.warps or [base.num_warps],
+        keep(args.warps, "num_warps"),
         args.caps,
         keep(args.scaled, "scaled"),
         keep(args.w_ring, "w_ring"),
         keep(args.s_ahead, "s_ahead"),
     ):
-        try:
-            cfg = dataclasses.replace(
-                base, split_k=split, block_n=block_n, row_warps=row_warps, num_warps=warps,
-                maxnreg=cap or None, scaled=bool(scaled), w_ring=bool(w_ring),
-                s_ahead=bool(s_ahead),
-            )  # fmt: skip
-        except ValueError:  # a combination the mma kernel does not take
-            continue
-        if cfg not in out:
-            out.append(cfg)
+        _add(
+            out, base, split_k=split, block_n=block_n, row_warps=row_warps, num_warps=warps,
+            maxnreg=cap or None, scaled=bool(scaled), w_ring=bool(w_ring), s_ahead=bool(s_ahead),
+        )  # fmt: skip
     return out
 
 
@@ -135,17 +136,13 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
             continue
         if block_n < 16 * warps:  # every warp holds at least one 16-row tile
             continue
-        try:
-            cfg = dataclasses.replace(
-                base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
-                pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
-                pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
-                block_m=rows,
-            )  # fmt: skip
-        except ValueError:  # pipe with fewer than 3 stages; wsplit where it does not apply
-            continue
-        if cfg not in out:
-            out.append(cfg)
+        # (not taken: pipe with fewer than 3 stages; wsplit where it does not apply)
+        _add(
+            out, base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
+            pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
+            pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
+            block_m=rows,
+        )  # fmt: skip
     return out
 
 
@@ -200,6 +197,7 @@ def main() -> None:
         setattr(args, name, ints(getattr(args, name)) if getattr(args, name) else [])
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    kind = "mma" if args.mma else "swapped"
     table = []
     for k, n in shapes:
         peers = Peers(k, n, with_torch=False)
@@ -239,7 +237,6 @@ def main() -> None:
                 results.append((t, err, cfg))
             t_base = next(t for t, _, c in results if c == base)
             results.sort(key=lambda r: r[0])
-            kind = "mma" if args.mma else "swapped"
             print(f"\n{k}x{n} M={m}: bf16 {t_bf16:.1f} us, table {t_table:.1f} us, {kind} "
                   f"base {t_base:.1f} us: {base}")  # fmt: skip
             for t, err, cfg in results[: args.top]:
@@ -251,7 +248,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     if shard is not None:
         return
-    kind = "mma" if args.mma else "swapped"
     print(f"\n| K x N | M | bf16 us | table us | {kind} base us | best us | bf16 / best | "
           "worst rel. error | best: its change from the base |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
