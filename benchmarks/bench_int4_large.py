@@ -36,25 +36,30 @@ FORMS = "128x64,256x128,256x64,dequant"
 def form(name: str, frag: bool) -> C.Int4GemmConfig:
     """A form by name: ``dequant``, or the swapped kernel's tiling ``ROWSxCOLS`` (x rows by
     weight rows: 128x64 plain, 256x128 and 256x64 warp-specialized, the table's configs
-    above M = 256 and at 128 < M <= 256) with ``/S`` for S splits of K (slots)."""
+    above M = 256 and at 128 < M <= 256) with ``/S`` for S splits of K (slots), and a
+    trailing ``t`` on a warp-specialized one for ``thread_release`` (ring slots released by
+    each warp through named barriers)."""
     if name == "dequant":
         return C.Int4GemmConfig("dequant")
-    tiling, _, split = name.partition("/")
+    release = name.endswith("t")
+    tiling, _, split = name.removesuffix("t").partition("/")
     base = {
         "128x64": C._plain_128x64(frag),
         "256x128": C._LARGE_WIDE,
         "256x64": C._NARROW_256,
     }.get(tiling)
     if base is None:
-        raise SystemExit(f"unknown form {name!r}: dequant, 128x64, 256x128 or 256x64[/splits]")
-    return dataclasses.replace(base, split_k=int(split or 1))
+        raise SystemExit(f"unknown form {name!r}: dequant, 128x64, 256x128 or 256x64[/splits][t]")
+    if release and not base.specialized:
+        raise SystemExit(f"{name!r}: thread_release (t) needs a warp-specialized tiling")
+    return dataclasses.replace(base, split_k=int(split or 1), thread_release=release)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
     parser.add_argument("--rows", default="256,384,512,768,1024,2048")
-    parser.add_argument("--forms", default=FORMS, help="dequant, 128x64, 256x128, 256x64[/S]")
+    parser.add_argument("--forms", default=FORMS, help="dequant, 128x64, 256x128, 256x64[/S][t]")
     parser.add_argument("--plot", default=None, help="a PNG of bf16 / INT4 by M, each form")
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

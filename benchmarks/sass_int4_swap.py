@@ -57,6 +57,7 @@ def compile_swap_kernel(
     mode: int = 0,
     wsplit: bool = False,
     wsplit_regs: int = 200,
+    thread_release: bool = False,
 ):
     """``_int4_wgmma_swap_kernel`` compiled for sm_90, one tiling (Triton's compiled kernel:
     its ``asm`` and ``metadata``; CPU tensors stand in for the arguments: only their types and
@@ -97,6 +98,7 @@ def compile_swap_kernel(
         "VECTOR_STORE": vector_store,
         "WSPLIT": wsplit,
         "WSPLIT_REGS": wsplit_regs,
+        "THREAD_RELEASE": thread_release,
         "num_warps": warps,
     }
     kernel = W._int4_wgmma_swap_kernel

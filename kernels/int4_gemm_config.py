@@ -59,7 +59,10 @@ class Int4GemmConfig:
     every program is past its main loop and copies its ring's first weight tiles before it
     waits on the previous kernel, x's after (form 3); ``vector_store`` passes the accumulator
     through shared memory so that each thread stores 8 consecutive outputs (and 8 floats of a
-    split-K slot) at once, where the wgmma layout stores 2 bytes at a time; ``wsplit`` (not
+    split-K slot) at once, where the wgmma layout stores 2 bytes at a time; ``thread_release``
+    (with ``specialized``) hands ring slots back to the producer warp through named barriers
+    that each decoding warp arrives on once past its own wait, instead of a barrier of all of
+    them and one arrival; ``wsplit`` (not
     ``specialized``, ``num_warps`` 4, no ``maxnreg``) adds a second warpgroup that takes the
     later half of each program's K tiles on a ring of its own (``num_stages`` more slots) and
     hands its sum to the first through shared memory once both are done.
@@ -114,6 +117,7 @@ class Int4GemmConfig:
     s_ahead: bool = False
     w_ring: bool = False
     vector_store: bool = False
+    thread_release: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -127,6 +131,12 @@ class Int4GemmConfig:
         for name in ("specialized", "pipe", "vector_store"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
+        if self.thread_release and not (
+            self.strategy == "wgmma" and self.swap and self.specialized
+        ):
+            raise ValueError(
+                "thread_release applies to the wgmma strategy with swap=True and specialized=True"
+            )
         swap_plain = self.strategy == "wgmma" and self.swap and not self.specialized
         if self.wsplit and not (
             self.strategy == "mma" or (swap_plain and self.num_warps == 4 and not self.maxnreg)

@@ -427,20 +427,67 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
             gl.atomic_xchg(lock_ptr + pid, 0)
 
 
+# The named barriers (PTX ``bar``, ids 0-15) of ``THREAD_RELEASE``'s ring slots, the last six
+# ids (Triton takes the first ones: 0 for ``gl.thread_barrier``, 1 and more in
+# warp-specialized code), so rings of up to 6 slots.
+_EMPTY_BAR0 = gl.constexpr(10)
+_EMPTY_BARS = 6
+
+
+@gluon.jit
+def _named_barrier(bar_id, threads: gl.constexpr, wait: gl.constexpr):
+    """``bar.arrive`` (``wait`` False: go on at once) or ``bar.sync`` (wait for ``threads``
+    arrivals, the caller's included) on named barrier ``bar_id``, once per warp of the
+    calling partition (every thread of a warp executes it; the barrier counts whole warps)."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    ids = gl.full([gl.num_warps() * 32], bar_id, gl.int32, layout=L)
+    count = gl.full([gl.num_warps() * 32], threads, gl.int32, layout=L)
+    if wait:
+        gl.inline_asm_elementwise(
+            asm="bar.sync $1, $2;\n\tmov.u32 $0, 0;",
+            constraints="=r,r,r",
+            args=[ids, count],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        gl.inline_asm_elementwise(
+            asm="bar.arrive $1, $2;\n\tmov.u32 $0, 0;",
+            constraints="=r,r,r",
+            args=[ids, count],
+            dtype=gl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
 @gluon.jit
 def _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
                   kt, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                  GROUP_TILES: gl.constexpr, SPECIALIZED: gl.constexpr):  # fmt: skip
+                  GROUP_TILES: gl.constexpr, SPECIALIZED: gl.constexpr,
+                  THREAD_RELEASE: gl.constexpr = False):  # fmt: skip
     """Once every warp is past the wait for K tile kt's wgmma (kt >= 0), its ring slot is
-    handed back to the producer warp (``SPECIALIZED``) or refilled with tile kt + NUM_STAGES."""
-    gl.thread_barrier()
-    if kt >= 0:
-        if SPECIALIZED:
-            mbarrier.arrive(empty.index(kt % NUM_STAGES))
-        else:
-            _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs,
-                             ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n, NUM_STAGES,
-                             GROUP_TILES)  # fmt: skip
+    handed back to the producer warp (``SPECIALIZED``) or refilled with tile kt + NUM_STAGES.
+    ``THREAD_RELEASE`` (``SPECIALIZED``): no barrier of the decoding warps here; each warp
+    arrives (``bar.arrive``, no wait) on the slot's named barrier once past its own wait, and
+    the producer warp's ``bar.sync`` on it completes once all of them have. An mbarrier
+    arrival cannot do this from Gluon: it is issued by one thread of the partition, after a
+    barrier of all its warps that Triton's shared-memory analysis inserts before any arrival.
+    (The same analysis still puts one barrier of the decoding warps before each wait on a
+    ring slot's ``ready`` barrier; this removes the other one per K tile.)"""
+    if THREAD_RELEASE:
+        if kt >= 0:
+            _named_barrier(_EMPTY_BAR0 + kt % NUM_STAGES, gl.num_warps() * 32 + 32, False)
+    else:
+        gl.thread_barrier()
+        if kt >= 0:
+            if SPECIALIZED:
+                mbarrier.arrive(empty.index(kt % NUM_STAGES))
+            else:
+                _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs,
+                                 o_bufs, ready, kt + NUM_STAGES, num_k, k_tile0, off_m, off_n,
+                                 NUM_STAGES, GROUP_TILES)  # fmt: skip
 
 
 @gluon.jit
@@ -448,7 +495,8 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
                    empty, num_k, k_tile0, off_m, off_n, L3: gl.constexpr,
                    S_LAYOUT: gl.constexpr, GROUP_TILES: gl.constexpr, NUM_STAGES: gl.constexpr,
                    SPECIALIZED: gl.constexpr, FRAG: gl.constexpr, num_warps: gl.constexpr,
-                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False):  # fmt: skip
+                   PARTS: gl.constexpr = 0, PIPE: gl.constexpr = False,
+                   THREAD_RELEASE: gl.constexpr = False):  # fmt: skip
     """The decoding warps' loop: acc [BLOCK_N, BLOCK_M] over the program's K tiles (in a
     1-tuple, as a warp-specialized default partition returns). Once a ring slot is done with,
     it is refilled here, or with ``SPECIALIZED`` handed back to the producer warp through its
@@ -504,7 +552,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
             acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                           empty, kt - 1, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
-                          SPECIALIZED)  # fmt: skip
+                          SPECIALIZED, THREAD_RELEASE)  # fmt: skip
             a1 = _decode_step(q_bufs, s_bufs, o_bufs, ready, kt + 1, sel, a_layout, q_layout,
                               S_LAYOUT, NUM_STAGES, IS_BF16, FRAG)  # fmt: skip
             acc = warpgroup_mma(a1, x_bufs.index((kt + 1) % NUM_STAGES).permute((1, 0)), acc,
@@ -512,7 +560,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
             acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
             _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                           empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
-                          SPECIALIZED)  # fmt: skip
+                          SPECIALIZED, THREAD_RELEASE)  # fmt: skip
             # the last pair decodes its own last tile again (never refilled) instead of past K
             a0 = _decode_step(q_bufs, s_bufs, o_bufs, ready, gl.minimum(kt + 2, num_k - 1), sel,
                               a_layout, q_layout, S_LAYOUT, NUM_STAGES, IS_BF16,
@@ -536,7 +584,7 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
         # earlier) before the slot is refilled with tile kt + NUM_STAGES
         _swap_release(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                       empty, kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES,
-                      SPECIALIZED)  # fmt: skip
+                      SPECIALIZED, THREAD_RELEASE)  # fmt: skip
         a = a_next
     return (acc,)
 
@@ -544,14 +592,29 @@ def _swap_mainloop(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bu
 @gluon.jit
 def _swap_producer(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                    empty, num_k, k_tile0, off_m, off_n, NUM_STAGES: gl.constexpr,
-                   GROUP_TILES: gl.constexpr):  # fmt: skip
+                   GROUP_TILES: gl.constexpr, THREAD_RELEASE: gl.constexpr = False,
+                   CONSUMER_WARPS: gl.constexpr = 4, PIPE: gl.constexpr = False):  # fmt: skip
     """The TMA warp of the specialized form: fills slot kt % NUM_STAGES with K tile kt once the
-    consumers released it (an empty barrier's previous phase counts as done at the start)."""
+    consumers released it (an empty barrier's previous phase counts as done at the start).
+    ``THREAD_RELEASE``: the release is the slot's named barrier (``_swap_release``), which
+    this warp syncs on with the ``CONSUMER_WARPS`` warps' arrivals before each refill, and
+    once more for each tile released but never refilled (the last NUM_STAGES, less the last
+    tile with ``PIPE``, which the consumers never release), so that every barrier ends
+    complete."""
+    THREADS: gl.constexpr = CONSUMER_WARPS * 32 + 32
     for kt in range(num_k):
         slot = kt % NUM_STAGES
-        mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
+        if THREAD_RELEASE:
+            if kt >= NUM_STAGES:
+                _named_barrier(_EMPTY_BAR0 + slot, THREADS, True)
+        else:
+            mbarrier.wait(empty.index(slot), ((kt // NUM_STAGES) & 1) ^ 1)
         _load_swap_stage(x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready,
                          kt, num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)  # fmt: skip
+    if THREAD_RELEASE:
+        released = num_k - 1 if PIPE else num_k
+        for t in range(gl.maximum(num_k - NUM_STAGES, 0), released):
+            _named_barrier(_EMPTY_BAR0 + t % NUM_STAGES, THREADS, True)
 
 
 @gluon.jit
@@ -599,6 +662,7 @@ def _int4_wgmma_swap_kernel(
     VECTOR_STORE: gl.constexpr = False,  # the epilogue's stores 16 bytes wide (``_vector_rows``)
     WSPLIT: gl.constexpr = False,  # a second warpgroup takes the later half of the K tiles
     WSPLIT_REGS: gl.constexpr = 200,  # registers per thread of that warpgroup
+    THREAD_RELEASE: gl.constexpr = False,  # SPECIALIZED: ring slots released per thread
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -637,10 +701,11 @@ def _int4_wgmma_swap_kernel(
                 (_swap_mainloop,
                  (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
                   num_k, k_tile0, off_m, off_n, L3, S_LAYOUT, GROUP_TILES, NUM_STAGES,
-                  SPECIALIZED, FRAG, num_warps, 0, PIPE)),
+                  SPECIALIZED, FRAG, num_warps, 0, PIPE, THREAD_RELEASE)),
                 (_swap_producer,
                  (x_desc, qw_desc, s_desc, o_desc, x_bufs, q_bufs, s_bufs, o_bufs, ready, empty,
-                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES)),
+                  num_k, k_tile0, off_m, off_n, NUM_STAGES, GROUP_TILES, THREAD_RELEASE,
+                  num_warps, PIPE)),
             ],
             [1],
             [40],
@@ -895,6 +960,7 @@ def int4_wgmma_swap(
     vector_store: bool = False,
     wsplit: bool = False,
     wsplit_regs: int = 200,
+    thread_release: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -927,7 +993,16 @@ def int4_wgmma_swap(
     own (``num_stages`` more slots) and hands its sum to the first through shared memory at
     the end: twice the warps per program without split-K's partial slots. It needs two K
     tiles per split (else the kernel runs without it), and with ``pipe`` an even number in
-    each half (else without ``pipe``)."""
+    each half (else without ``pipe``). ``thread_release`` (``specialized`` only) hands ring
+    slots back to the producer warp with one arrival per decoding thread, each once past its
+    own wait for the slot's wgmma, instead of a barrier of all the decoding warps and one
+    arrival: no warp (or warpgroup) waits for the others every K tile."""
+    if thread_release and (not specialized or num_stages > _EMPTY_BARS):
+        raise ValueError(
+            f"thread_release needs specialized=True (a producer warp's ring) and num_stages <= "
+            f"{_EMPTY_BARS} (a named barrier each), got specialized={specialized}, "
+            f"num_stages={num_stages}"
+        )
     if wsplit and (specialized or parts or num_warps != 4 or maxnreg):
         raise ValueError(
             "wsplit needs specialized=False, parts=0, num_warps=4 (one warpgroup per half) and "
@@ -977,7 +1052,8 @@ def int4_wgmma_swap(
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,
            group_tiles, mode, x.dtype, weight.scales.dtype, weight.offsets.dtype,
-           pdl, maxnreg, weight.tiled, vector_store, wsplit, wsplit_regs)  # fmt: skip
+           pdl, maxnreg, weight.tiled, vector_store, wsplit, wsplit_regs,
+           thread_release)  # fmt: skip
     args = {
         "x_desc": TensorDescriptor.from_tensor(x, [block_m, block_k], x_layout),
         "qw_desc": descs[0],
@@ -1008,6 +1084,7 @@ def int4_wgmma_swap(
         "VECTOR_STORE": bool(vector_store),
         "WSPLIT": wsplit,
         "WSPLIT_REGS": wsplit_regs,
+        "THREAD_RELEASE": bool(thread_release),
     }
     if pdl:
         args["launch_pdl"] = True

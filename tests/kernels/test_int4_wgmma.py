@@ -440,3 +440,49 @@ def test_swap_parts_for_measurement(frag):
         assert out.abs().max().item() == 0.0, f"parts=2 split {split}: not zeros"
     with pytest.raises(ValueError, match="parts"):
         int4_wgmma_swap(x, words, 8, 64, 128, 1, 4, 4, specialized=True, parts=1)
+
+
+# Ring slots released through named barriers (``thread_release``): (tiles, word order, pipe,
+# K), the word order canonical (False), fragment (True) or fragment and tile ("tiled"). K
+# of 256 gives fewer K tiles (2) than ring slots, K of 1024 more; split 3 leaves a short last
+# split (an odd number of K tiles: the plain loop).
+RELEASE_CASES = [((256, 128, 128, 1, 3, 8), "tiled", True, 1024),
+                 ((256, 64, 128, 1, 3, 4), True, True, 1024),
+                 ((256, 128, 128, 1, 3, 8), False, True, 256),
+                 ((128, 64, 64, 3, 4, 4), False, False, 1024),
+                 ((64, 128, 128, 1, 6, 8), True, False, 1024)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", RELEASE_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1:]))
+def test_swap_thread_release(case):
+    """``thread_release``: each decoding warp arrives on the slot's named barrier once past its
+    own wait and the producer warp syncs on it before the refill (and once more for each
+    released slot it never refills, so every barrier ends complete). Bitwise the same output
+    as the empty-barrier form (the same products in the same order), over rings longer and
+    shorter than K, two wgmmas in flight or one, split K, both word orders; then in a CUDA
+    graph replayed back to back (a barrier left incomplete by one launch would hang or
+    corrupt the next)."""
+    tiles, frag, pipe, k = case
+    weight = random_weight(1000 + 40, k, 128, seed=29)
+    words = weight.to_frag(tiled=frag == "tiled") if frag else weight
+    for m in (1, 37, 130, 256):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe, thread_release=True)
+        assert_close(out, int4_gemm_ref(x, weight), torch.bfloat16, f"release {tiles} M={m}")
+        ref = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe)
+        assert torch.equal(out, ref), f"release {tiles} M={m}: differs from the empty barriers"
+    x = torch.randn(130, k, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [
+            int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe, thread_release=True)
+            for _ in range(4)
+        ]
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        ref = int4_wgmma_swap(x, words, *tiles, specialized=True, pipe=pipe)
+        for out in outs:
+            assert torch.equal(out, ref), f"release {tiles}: graph replay"
+    with pytest.raises(ValueError, match="thread_release needs specialized=True"):
+        int4_wgmma_swap(x, words, *tiles, thread_release=True)
