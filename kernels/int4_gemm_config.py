@@ -252,13 +252,20 @@ def _pow2_split(target: int, k: int, block_k: int, cap: int) -> int:
 # cost) 256 by 128 is kept: it was 2-8% faster there (x's tile serves twice the weight rows).
 # All these tilings store 16 bytes at a time (``vector_store``): 0.5-7% faster above M = 128,
 # but for 1.5% slower on 14336 x 4096 at M = 512 (BENCHMARKS.md, twenty-seventh session).
+# 256 by 128 hands its ring slots back through named barriers, one arrival per warp
+# (``thread_release``), so its two warpgroups no longer sync for that every K tile: on an
+# H100 (thirty-eighth session, ``bench_int4_swap_option.py --option thread_release --rounds
+# 5``, medians, two processes) B / A was 0.950-0.999 at M = 192-2048 on the four shapes,
+# bitwise the same output. On the one-warpgroup tilings (256 by 64, 128 by 64) it was within
+# 2% either way, so they keep the empty mbarriers.
 _LARGE_PLAIN = Int4GemmConfig("wgmma", 128, 64, 128, 1, 4, 3, swap=True, vector_store=True)
 _LARGE_PLAIN_FRAG = Int4GemmConfig(
     "wgmma", 128, 64, 128, 1, 4, 3, swap=True, pipe=True, vector_store=True
 )
 _LARGE_WIDE = Int4GemmConfig(
-    "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True, vector_store=True
-)
+    "wgmma", 256, 128, 128, 1, 8, 3, swap=True, specialized=True, pipe=True, vector_store=True,
+    thread_release=True,
+)  # fmt: skip
 
 
 def _plain_128x64(frag: bool) -> Int4GemmConfig:
@@ -288,10 +295,13 @@ _NARROW_256 = Int4GemmConfig(
 # 32 rows past M (``pad_rows``; thirty-sixth session, on an H100: M = 65 / 72 / 80 / 88 / 96
 # took 14.7, 15.0 / 14.6, 14.6 / 14.6, 14.6 / 14.6, 14.6 / 14.6, 14.6 against 17.2, 17.2 /
 # 17.1, 16.8 / 16.8, 16.9 / 17.4, 17.7 / 16.7, 17.0 us). On down_proj (K = 14336) 64-row
-# tiles were 19-96% slower.
+# tiles were 19-96% slower. Its ring slots go back through named barriers (``thread_release``,
+# as ``_LARGE_WIDE``'s): on an H100 (thirty-eighth session, medians of 5) M = 96 / 128 took
+# 14.4 / 13.0 against 14.9 / 13.5 us, and M = 128 in a second process 12.9 against 13.4.
 _NARROW_2X64 = Int4GemmConfig(
-    "wgmma", 64, 64, 128, 1, 4, 6, swap=True, specialized=True, pipe=True, vector_store=True
-)
+    "wgmma", 64, 64, 128, 1, 4, 6, swap=True, specialized=True, pipe=True, vector_store=True,
+    thread_release=True,
+)  # fmt: skip
 
 
 def _wide_swap(m: int, frag: bool) -> Int4GemmConfig:
