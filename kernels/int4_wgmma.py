@@ -442,24 +442,15 @@ def _named_barrier(bar_id, threads: gl.constexpr, wait: gl.constexpr):
     L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     ids = gl.full([gl.num_warps() * 32], bar_id, gl.int32, layout=L)
     count = gl.full([gl.num_warps() * 32], threads, gl.int32, layout=L)
-    if wait:
-        gl.inline_asm_elementwise(
-            asm="bar.sync $1, $2;\n\tmov.u32 $0, 0;",
-            constraints="=r,r,r",
-            args=[ids, count],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        gl.inline_asm_elementwise(
-            asm="bar.arrive $1, $2;\n\tmov.u32 $0, 0;",
-            constraints="=r,r,r",
-            args=[ids, count],
-            dtype=gl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    ASM: gl.constexpr = "bar.sync" if wait else "bar.arrive"
+    gl.inline_asm_elementwise(
+        asm=ASM + " $1, $2;\n\tmov.u32 $0, 0;",
+        constraints="=r,r,r",
+        args=[ids, count],
+        dtype=gl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @gluon.jit
