@@ -1,13 +1,13 @@
 """The table's swapped wgmma config at one M with its grid and ring varied (split-K, ring
 stages, register cap, warp specialization, two wgmmas in flight, weight rows per program,
 the weight's first tiles issued before the wait on the previous kernel, a second warpgroup
-over the later half of K, x rows per program),
+over the later half of K, x rows per program, ring slots released through named barriers),
 in the harness of bench_int4_gemm.py (CUDA-graph replays over weight copies that exceed L2,
 median time per call), beside bf16 cuBLAS, on the engine's word order.
 
     python3 benchmarks/bench_int4_swap_grid.py [--shapes 4096x6144,...] [--rows 32,64] \
         [--splits 1,2,4] [--stages 2,3,4] [--caps 0,168] [--block-n 64,128] [--warps 4,8] \
-        [--wsplit 0,1] [--block-m 32,64]
+        [--wsplit 0,1] [--block-m 32,64] [--release 0,1]
     for i in 0 1 2 3; do python3 benchmarks/bench_int4_swap_grid.py ARGS --compile-only $i/4 & \
         done; wait; python3 benchmarks/bench_int4_swap_grid.py ARGS   # compiled in parallel
 
@@ -118,7 +118,8 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
     if args.mma:
         return mma_variants(base, args)
     out = [base]
-    for split, stages, cap, spec, pipe, block_n, first, warps, wsplit, rows in itertools.product(
+    for (split, stages, cap, spec, pipe, block_n, first, warps, wsplit, rows,
+         release) in itertools.product(
         args.splits,
         args.stages,
         args.caps,
@@ -129,7 +130,8 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
         args.warps or [0],
         args.wsplit,
         args.block_m or [base.block_m],
-    ):
+        args.release or [int(base.thread_release)],
+    ):  # fmt: skip
         if not warps:  # the old rule: two warpgroups for 128 weight rows at M >= 64
             warps = 8 if block_n == 128 and rows >= 64 else 4
         if first and spec:  # weights_first is the plain form's
@@ -141,7 +143,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
             out, base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
             pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
             pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
-            block_m=rows,
+            block_m=rows, thread_release=bool(release) and spec,
         )  # fmt: skip
     return out
 
@@ -175,6 +177,9 @@ def main() -> None:
         default="0",
         help="0,1: a second warpgroup over the later half of each program's K tiles (1)",
     )
+    parser.add_argument(
+        "--release", default="", help="0,1: thread_release (warp-specialized forms only)"
+    )
     parser.add_argument("--mma", action="store_true", help="vary the register mma kernel")
     parser.add_argument(
         "--from-m1", action="store_true", help="--mma: the table's M = 1 form as the base"
@@ -193,7 +198,7 @@ def main() -> None:
     args.warps = ints(args.warps) if args.warps else []
     args.block_m = ints(args.block_m) if args.block_m else []
     args.wsplit = ints(args.wsplit)
-    for name in ("row_warps", "scaled", "w_ring", "s_ahead"):
+    for name in ("row_warps", "scaled", "w_ring", "s_ahead", "release"):
         setattr(args, name, ints(getattr(args, name)) if getattr(args, name) else [])
     shard = tuple(ints(args.compile_only.replace("/", ","))) if args.compile_only else None
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
