@@ -50,9 +50,10 @@ def form(name: str, frag: bool) -> C.Int4GemmConfig:
     }.get(tiling)
     if base is None:
         raise SystemExit(f"unknown form {name!r}: dequant, 128x64, 256x128 or 256x64[/splits][t]")
-    if release and not base.specialized:
-        raise SystemExit(f"{name!r}: thread_release (t) needs a warp-specialized tiling")
-    return dataclasses.replace(base, split_k=int(split or 1), thread_release=release)
+    try:  # the config refuses what the kernel does not take (thread_release: specialized only)
+        return dataclasses.replace(base, split_k=int(split or 1), thread_release=release)
+    except ValueError as err:
+        raise SystemExit(f"form {name!r}: {err}") from None
 
 
 def main() -> None:

@@ -143,7 +143,7 @@ def variants(base: Int4GemmConfig, args) -> list[Int4GemmConfig]:
             out, base, split_k=split, num_stages=stages, maxnreg=cap or None, specialized=spec,
             pipe=pipe, block_n=block_n, num_warps=warps, weights_first=first,
             pdl=first or (base.pdl and not base.weights_first), wsplit=bool(wsplit),
-            block_m=rows, thread_release=bool(release) and spec,
+            block_m=rows, thread_release=bool(release),
         )  # fmt: skip
     return out
 

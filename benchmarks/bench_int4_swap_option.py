@@ -12,13 +12,15 @@ The table's config for each case goes through ``int4_gemm`` as the engine's call
 runs another kernel are listed as such. Each output is checked against the reference, and
 the two values' outputs against each other (``equal``: bitwise). Both values are forced,
 also for a keyword the table's config sets (then A or B is what the table runs); not for the
-tiling or ``specialized``, which the launcher passes by position. Keywords of the
-warp-specialized form only (``thread_release``) are timed where the table's config is one.
+tiling or ``specialized``, which the launcher passes by position. A keyword that is also a
+field of ``Int4GemmConfig`` is timed only where the table's config takes both values (its
+own checks: ``thread_release`` needs the warp-specialized form, say).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -36,9 +38,18 @@ from kernels.int4_gemm_config import choose_config  # noqa: E402
 
 ORIGINAL = G.int4_wgmma_swap
 
-# keywords that apply to the warp-specialized form only: rows whose config is not are listed
-# as such
-SPECIALIZED_ONLY = {"thread_release"}
+
+def takes(cfg, name: str, values) -> bool:
+    """Whether ``cfg`` takes each of ``values`` for ``name``, by ``Int4GemmConfig``'s own
+    checks (True for a keyword of the launcher that is not a config field)."""
+    if name not in {f.name for f in dataclasses.fields(cfg)}:
+        return True
+    try:
+        for v in values:
+            dataclasses.replace(cfg, **{name: v})
+    except ValueError:
+        return False
+    return True
 
 
 def with_option(name: str, value) -> None:
@@ -84,9 +95,7 @@ def main() -> None:
             bar.update()
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             cfg = choose_config(m, n, k, w0.group_size, x.device, frag=True)
-            if not (cfg.strategy == "wgmma" and cfg.swap) or (
-                args.option in SPECIALIZED_ONLY and not cfg.specialized
-            ):
+            if not (cfg.strategy == "wgmma" and cfg.swap and takes(cfg, args.option, (a, b))):
                 table.append((k, n, m, cfg, None, None, None, None, None))
                 continue
             ref = G.int4_gemm_ref(x, w0).float()
@@ -120,7 +129,7 @@ def main() -> None:
         form += " ws" if cfg.specialized else ""
         form += " pipe" if cfg.pipe else ""
         if ta is None:
-            why = "not warp-specialized" if cfg.swap else "not the swapped kernel"
+            why = "the option does not apply" if cfg.swap else "not the swapped kernel"
             print(f"| {k} x {n} | {m} | {form} ({why}) | | | | | | | |")
             continue
         print(f"| {k} x {n} | {m} | {form} | {t_bf16:.1f} | {ta:.1f} | {tb:.1f} | "

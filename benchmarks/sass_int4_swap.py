@@ -22,6 +22,7 @@ reports the form with a second warpgroup over the later K half (``check_wsplit``
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -203,19 +204,23 @@ def check_overlap() -> None:
 def check_races() -> None:
     """``--race``: the two-wgmmas-in-flight loop (``pipe``) on the table's tilings must never
     write an in-flight wgmma's operand registers (the check flags the loop-carried form the
-    first version had: 32 moves into the operand of the wgmma still running)."""
+    first version had: 32 moves into the operand of the wgmma still running); the
+    warp-specialized tilings also with ``thread_release``."""
     tilings = [(256, 128, 3, 8, True), (256, 128, 3, 8, False), (128, 64, 3, 4, False),
                (128, 64, 4, 4, True), (64, 128, 4, 4, False), (64, 64, 4, 4, False),
-               (16, 64, 4, 4, False)]  # fmt: skip
+               (64, 64, 6, 4, True), (16, 64, 4, 4, False)]  # fmt: skip
     for rows, block_n, stages, warps, specialized in tilings:
-        for frag in (False, True):
-            for pipe in (False, True):
-                cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe)
-                races = inflight_operand_writes(loop_body(cubin))
-                print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
-                      f"{'specialized' if specialized else 'plain'}, "
-                      f"{'fragment' if frag else 'canonical'}, pipe={pipe}: "
-                      f"{len(races)} writes to in-flight operands {races[:3]}")  # fmt: skip
+        for frag, pipe, release in itertools.product(
+            (False, True), (False, True), (False, True) if specialized else (False,)
+        ):
+            cubin = compile_swap(rows, frag, block_n, stages, warps, specialized, pipe,
+                                 thread_release=release)  # fmt: skip
+            races = inflight_operand_writes(loop_body(cubin))
+            print(f"rows {rows} x {block_n}, {stages} stages, {warps} warps, "
+                  f"{'specialized' if specialized else 'plain'}, "
+                  f"{'fragment' if frag else 'canonical'}, pipe={pipe}, "
+                  f"thread_release={release}: {len(races)} writes to in-flight operands "
+                  f"{races[:3]}")  # fmt: skip
 
 
 def check_wsplit() -> None:

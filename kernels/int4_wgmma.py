@@ -430,8 +430,8 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
 # The named barriers (PTX ``bar``, ids 0-15) of ``THREAD_RELEASE``'s ring slots, the last six
 # ids (Triton takes the first ones: 0 for ``gl.thread_barrier``, 1 and more in
 # warp-specialized code), so rings of up to 6 slots.
-_EMPTY_BAR0 = gl.constexpr(10)
 _EMPTY_BARS = 6
+_EMPTY_BAR0 = gl.constexpr(16 - _EMPTY_BARS)
 
 
 @gluon.jit
@@ -653,7 +653,7 @@ def _int4_wgmma_swap_kernel(
     VECTOR_STORE: gl.constexpr = False,  # the epilogue's stores 16 bytes wide (``_vector_rows``)
     WSPLIT: gl.constexpr = False,  # a second warpgroup takes the later half of the K tiles
     WSPLIT_REGS: gl.constexpr = 200,  # registers per thread of that warpgroup
-    THREAD_RELEASE: gl.constexpr = False,  # SPECIALIZED: ring slots released per thread
+    THREAD_RELEASE: gl.constexpr = False,  # SPECIALIZED: ring slots released per warp
 ):
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -985,9 +985,9 @@ def int4_wgmma_swap(
     the end: twice the warps per program without split-K's partial slots. It needs two K
     tiles per split (else the kernel runs without it), and with ``pipe`` an even number in
     each half (else without ``pipe``). ``thread_release`` (``specialized`` only) hands ring
-    slots back to the producer warp with one arrival per decoding thread, each once past its
-    own wait for the slot's wgmma, instead of a barrier of all the decoding warps and one
-    arrival: no warp (or warpgroup) waits for the others every K tile."""
+    slots back to the producer warp through named barriers, one arrival per decoding warp once
+    past its own wait for the slot's wgmma, instead of a barrier of all the decoding warps and
+    one mbarrier arrival: no warp (or warpgroup) waits for the others for that every K tile."""
     if thread_release and (not specialized or num_stages > _EMPTY_BARS):
         raise ValueError(
             f"thread_release needs specialized=True (a producer warp's ring) and num_stages <= "
