@@ -35,40 +35,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import GROUP, Peers  # noqa: E402
+from bench_int4_gemm import GROUP, Peers, config_changes, describe  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from kernels.int4_gemm_config import Int4GemmConfig, choose_config  # noqa: E402
 
 
 def parse_form(text: str) -> dict:
-    """``table`` -> {}; ``split_k=2,pdl=0`` -> the changes, typed by ``Int4GemmConfig``'s
-    defaults (flags 0/1/true/false, ``maxnreg`` none or an int, strings as given)."""
+    """``table`` -> {}; else ``FIELD=VALUE,...`` changes of the table's config
+    (``config_changes``)."""
     text = text.strip()
-    if text == "table":
-        return {}
-    defaults = {f.name: f.default for f in dataclasses.fields(Int4GemmConfig)}
-    changes = {}
-    for item in text.split(","):
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip().lower()
-        if not sep or name not in defaults:
-            raise SystemExit(
-                f"form {text!r}: {item!r} is not FIELD=VALUE of Int4GemmConfig "
-                f"(fields: {', '.join(defaults)})"
-            )
-        default = defaults[name]
-        if isinstance(default, bool):
-            if value not in ("0", "1", "true", "false"):
-                raise SystemExit(f"form {text!r}: {name} takes 0/1/true/false, got {value!r}")
-            changes[name] = value in ("1", "true")
-        elif value == "none":
-            changes[name] = None
-        elif isinstance(default, str):
-            changes[name] = value
-        else:
-            changes[name] = int(value)
-    return changes
+    return {} if text == "table" else config_changes(text, "form")
 
 
 def tiles_per_program(cfg: Int4GemmConfig, k: int) -> int:
@@ -137,10 +114,9 @@ def main() -> None:
         cfg = configs[n, m, form]
         f, t, res = fit_line([p[1] for p in pts], [p[2] for p in pts])
         fits[n, m, form] = (f, t)
-        shape = (f"{cfg.strategy} {cfg.block_m}x{cfg.block_n} split {cfg.split_k}"
-                 f"{' ws' if cfg.specialized else ''}{' pipe' if cfg.pipe else ''}")  # fmt: skip
-        print(f"| {n} | {m} | {form} | {shape} | {' / '.join(f'{p[2]:.1f}' for p in pts)} | "
-              f"{' / '.join(f'{bf16[n, m, k]:.1f}' for k in ks)} | {f:.2f} | {t:.3f} | "
+        ours = " / ".join(f"{p[2]:.1f}" for p in pts)
+        peer = " / ".join(f"{bf16[n, m, k]:.1f}" for k in ks)
+        print(f"| {n} | {m} | {form} | {describe(cfg)} | {ours} | {peer} | {f:.2f} | {t:.3f} | "
               f"{res:.2f} |")  # fmt: skip
 
     if args.plot:

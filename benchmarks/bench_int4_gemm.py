@@ -16,6 +16,7 @@ and 32; attention, norms and activations excluded) against bf16.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -160,6 +161,45 @@ def shape_rows(shapes: list[tuple[int, int]], rows: list[int], desc: str = "shap
             torch.cuda.empty_cache()
             peers, shape = Peers(k, n, with_torch=False), (k, n)
         yield k, n, m, peers, first
+
+
+def config_changes(text: str, what: str = "a config change") -> dict:
+    """``FIELD=VALUE,...`` as changes of ``Int4GemmConfig`` fields, typed by the fields'
+    annotations: flags 0/1/true/false, ``none`` for None (``maxnreg``), strings as given, else
+    ints. ``what`` names the source in the errors."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(Int4GemmConfig)}
+    changes = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not sep or name not in types:
+            raise SystemExit(
+                f"{what} {text!r}: {item!r} is not FIELD=VALUE of Int4GemmConfig "
+                f"(fields: {', '.join(types)})"
+            )
+        kind = types[name]
+        if kind in ("bool", str(bool)):
+            if value not in ("0", "1", "true", "false"):
+                raise SystemExit(f"{what} {text!r}: {name} takes 0/1/true/false, got {value!r}")
+            changes[name] = value in ("1", "true")
+        elif kind in ("str", str(str)):
+            changes[name] = value
+        elif value == "none" and "None" in kind:
+            changes[name] = None
+        else:
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                raise SystemExit(
+                    f"{what} {text!r}: {name} takes an integer, got {value!r}"
+                ) from None
+    return changes
+
+
+def describe(cfg: Int4GemmConfig) -> str:
+    """A config in a table cell: strategy, tiling, split, ``ws`` (warp-specialized), ``pipe``."""
+    return (f"{cfg.strategy} {cfg.block_m}x{cfg.block_n} split {cfg.split_k}"
+            f"{' ws' if cfg.specialized else ''}{' pipe' if cfg.pipe else ''}")  # fmt: skip
 
 
 def plot_pairs(path: str, curves: dict, title: str, log_x: bool = True) -> None:

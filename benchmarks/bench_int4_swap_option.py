@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_int4_gemm import SHAPES, Peers, graph_time_us, plot_pairs  # noqa: E402
+from bench_int4_gemm import SHAPES, Peers, describe, graph_time_us, plot_pairs  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from kernels import int4_gemm as G  # noqa: E402
@@ -125,9 +125,7 @@ def main() -> None:
           f"| B / A | bf16 / ours (A, B) | worst rel. error | equal |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k, n, m, cfg, t_bf16, ta, tb, err, equal in table:
-        form = f"{cfg.strategy} {cfg.block_m}x{cfg.block_n} split {cfg.split_k}"
-        form += " ws" if cfg.specialized else ""
-        form += " pipe" if cfg.pipe else ""
+        form = describe(cfg)
         if ta is None:
             why = "the option does not apply" if cfg.swap else "not the swapped kernel"
             print(f"| {k} x {n} | {m} | {form} ({why}) | | | | | | | |")

@@ -30,20 +30,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_int4_gemm import config_changes  # noqa: E402
 
 import kernels.int4_gemm as int4_gemm  # noqa: E402
 
 
 def mma_options(text: str) -> dict:
-    """``--mma``'s ``key=value,...`` as ``Int4GemmConfig`` fields (ints; 0/1 for flags)."""
-    fields = {f.name: f.type for f in dataclasses.fields(int4_gemm.Int4GemmConfig)}
-    options = {}
-    for item in text.split(","):
-        key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"--mma: {key!r} is not a field of Int4GemmConfig")
-        options[key] = bool(int(value)) if fields[key] in (bool, "bool") else int(value)
-    return options
+    """``--mma``'s ``key=value,...`` as ``Int4GemmConfig`` fields (``config_changes``)."""
+    return config_changes(text, "--mma")
 
 
 def with_mma_options(cfg, options: dict):

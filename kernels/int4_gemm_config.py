@@ -16,6 +16,12 @@ import torch
 STRATEGIES = ("gemv", "tiled", "mm", "dequant", "wgmma", "mma")
 
 
+# Ring slots ``thread_release`` can name: the swapped kernel gives each slot a named barrier
+# (PTX ``bar``, ids 0-15) from the last ones, which Triton leaves free (``int4_wgmma``'s
+# ``_EMPTY_BARS``).
+THREAD_RELEASE_SLOTS = 6
+
+
 @dataclass(frozen=True)
 class Int4GemmConfig:
     """How to run one INT4 GEMM.
@@ -132,10 +138,14 @@ class Int4GemmConfig:
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
         if self.thread_release and not (
-            self.strategy == "wgmma" and self.swap and self.specialized
+            self.strategy == "wgmma"
+            and self.swap
+            and self.specialized
+            and self.num_stages <= THREAD_RELEASE_SLOTS
         ):
             raise ValueError(
-                "thread_release applies to the wgmma strategy with swap=True and specialized=True"
+                "thread_release applies to the wgmma strategy with swap=True, specialized=True "
+                f"and num_stages <= {THREAD_RELEASE_SLOTS} (a named barrier a slot)"
             )
         swap_plain = self.strategy == "wgmma" and self.swap and not self.specialized
         if self.wsplit and not (

@@ -54,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels.int4_gemm_config import THREAD_RELEASE_SLOTS
 from kernels.int4_tiles import _DEQUANT_PTX_BF16, _DEQUANT_PTX_F16
 from kernels.int4_weight import FRAG_TILE_K, Int4Weight, tma_tiles_ok
 from kernels.launch import FastLaunch
@@ -430,7 +431,7 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
 # The named barriers (PTX ``bar``, ids 0-15) of ``THREAD_RELEASE``'s ring slots, the last six
 # ids (Triton takes the first ones: 0 for ``gl.thread_barrier``, 1 and more in
 # warp-specialized code), so rings of up to 6 slots.
-_EMPTY_BARS = 6
+_EMPTY_BARS = THREAD_RELEASE_SLOTS
 _EMPTY_BAR0 = gl.constexpr(16 - _EMPTY_BARS)
 
 

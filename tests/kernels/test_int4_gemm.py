@@ -235,6 +235,11 @@ def test_bad_input_raises():
         Int4GemmConfig("mm", pipe=True)
     with pytest.raises(ValueError, match="num_stages >= 3"):
         Int4GemmConfig("wgmma", swap=True, num_stages=2, pipe=True)
+    ws = {"strategy": "wgmma", "swap": True, "specialized": True}
+    for bad in ({**ws, "specialized": False}, {**ws, "num_stages": 8}):  # a named barrier a slot
+        with pytest.raises(ValueError, match="thread_release applies"):
+            Int4GemmConfig(**bad, thread_release=True)
+    Int4GemmConfig(**ws, num_stages=6, thread_release=True)
     for bad in ({"strategy": "gemv"}, {"strategy": "mm", "pdl": True}):
         with pytest.raises(ValueError, match="l2_prefetch applies to the gemv strategy"):
             Int4GemmConfig(**bad, l2_prefetch=True)
