@@ -879,7 +879,7 @@ def _launch(x: torch.Tensor, weight: Int4Weight, cfg: Int4GemmConfig) -> torch.T
                 cfg.num_warps, cfg.specialized, pipe=cfg.pipe,
                 pdl=3 if cfg.weights_first else cfg.pdl, maxnreg=cfg.maxnreg,
                 vector_store=cfg.vector_store, wsplit=cfg.wsplit,
-                thread_release=cfg.thread_release,
+                thread_release=cfg.thread_release, early_ticket=cfg.early_ticket,
             )  # fmt: skip
             return out[:m] if pad else out
         # fp32 x, unaligned rows, pre-sm_90: only the dequantizer reads fragment-ordered words,

@@ -68,7 +68,9 @@ class Int4GemmConfig:
     split-K slot) at once, where the wgmma layout stores 2 bytes at a time; ``thread_release``
     (with ``specialized``) hands ring slots back to the producer warp through named barriers
     that each decoding warp arrives on once past its own wait, instead of a barrier of all of
-    them and one arrival; ``wsplit`` (not
+    them and one arrival; ``early_ticket`` (split-K) takes a tile's ticket before the
+    split's slot store, and the last split keeps its partial in registers (not in the table:
+    not yet timed on a GPU); ``wsplit`` (not
     ``specialized``, ``num_warps`` 4, no ``maxnreg``) adds a second warpgroup that takes the
     later half of each program's K tiles on a ring of its own (``num_stages`` more slots) and
     hands its sum to the first through shared memory once both are done.
@@ -124,6 +126,7 @@ class Int4GemmConfig:
     w_ring: bool = False
     vector_store: bool = False
     thread_release: bool = False
+    early_ticket: bool = False
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -134,7 +137,7 @@ class Int4GemmConfig:
                 raise ValueError(f"{name} must be a power of two >= {least}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
-        for name in ("specialized", "pipe", "vector_store"):
+        for name in ("specialized", "pipe", "vector_store", "early_ticket"):
             if getattr(self, name) and not (self.strategy == "wgmma" and self.swap):
                 raise ValueError(f"{name} applies to the wgmma strategy with swap=True only")
         if self.thread_release and not (

@@ -376,6 +376,10 @@ def _vector_rows(acc):
     return gl.convert_layout(acc, layout)
 
 
+# MODE 4's lock: tickets count in the lower half, finished slots in the upper (splits < 2^16)
+_DONE = gl.constexpr(1 << 16)
+
+
 @gluon.jit
 def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N, off_m, off_n,
                    stride_out_m, MODE: gl.constexpr,
@@ -383,9 +387,15 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
     """Store acc [BLOCK_N, BLOCK_M] (transposed) into out, or reduce the splits of a tile as
     int4_tiles._epilogue (MODE 0 store, 1 fp32 atomics, 2 workspace and ticket), or (MODE 3)
     store the split's partial in its own slot of the workspace ([split, M, N], plain stores),
-    after which the last split of the tile (a ticket) adds the slots in split order.
+    after which the last split of the tile (a ticket) adds the slots in split order, or
+    (MODE 4, ``early_ticket``) as 3 with the ticket taken first: the splits that are not
+    last store their slot and then count themselves done in the lock's upper half
+    (``_DONE``, releasing), and the last waits until all of them are (acquiring) and adds
+    their slots and its own partial, kept in registers, in split order (the same sums as
+    MODE 3): the last split neither stores its slot nor reads it back, and its ticket is not
+    behind its store. Every split it waits for has taken its ticket, that is it is running.
     ``VECTOR_STORE``: acc first goes through shared memory into ``_vector_rows``' layout
-    (MODE 0 and 3: the same values stored, the slots added in the same order)."""
+    (MODE 0, 3 and 4: the same values stored, the slots added in the same order)."""
     BLOCK_N: gl.constexpr = acc.shape[0]
     BLOCK_M: gl.constexpr = acc.shape[1]
     dtype: gl.constexpr = out_ptr.dtype.element_ty
@@ -411,6 +421,25 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
             total = gl.zeros_like(acc)
             for split in range(num_splits):  # L2 only: the other slots came from other SMs
                 total += gl.load(slot_ptrs + split * M * N, mask=mask, cache_modifier=".cg")
+            gl.store(out_ptrs, total.to(dtype), mask=mask)
+            gl.atomic_xchg(lock_ptr + pid, 0)
+    elif MODE == 4:
+        slot_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
+        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="relaxed") & (_DONE - 1)
+        if ticket < num_splits - 1:
+            gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
+            gl.thread_barrier()  # every thread's partial is in before the (releasing) count
+            gl.atomic_add(lock_ptr + pid, _DONE, sem="release")
+        else:
+            done = ticket * 0
+            while done < num_splits - 1:
+                done = gl.atomic_add(lock_ptr + pid, 0, sem="acquire") // _DONE
+            total = gl.zeros_like(acc)
+            for split in range(num_splits):  # in split order, as MODE 3
+                if split == pid_k:
+                    total += acc
+                else:  # L2 only: the other slots came from other SMs
+                    total += gl.load(slot_ptrs + split * M * N, mask=mask, cache_modifier=".cg")
             gl.store(out_ptrs, total.to(dtype), mask=mask)
             gl.atomic_xchg(lock_ptr + pid, 0)
     else:
@@ -953,6 +982,7 @@ def int4_wgmma_swap(
     wsplit: bool = False,
     wsplit_regs: int = 200,
     thread_release: bool = False,
+    early_ticket: bool = False,
 ) -> torch.Tensor:
     """``x @ dequant(weight)^T`` for x [M, K] (bf16 or fp16, K in the weight's stored order) on
     the swapped Gluon kernel (small M: the weight tile decoded into wgmma's register operand,
@@ -988,7 +1018,10 @@ def int4_wgmma_swap(
     each half (else without ``pipe``). ``thread_release`` (``specialized`` only) hands ring
     slots back to the producer warp through named barriers, one arrival per decoding warp once
     past its own wait for the slot's wgmma, instead of a barrier of all the decoding warps and
-    one mbarrier arrival: no warp (or warpgroup) waits for the others for that every K tile."""
+    one mbarrier arrival: no warp (or warpgroup) waits for the others for that every K tile.
+    ``early_ticket`` (split-K in slots): each split takes the tile's ticket before it stores
+    its slot, and the last split keeps its partial in registers and waits for the others'
+    slots (``_swap_epilogue``'s MODE 4; the same sums, in the same order, as without)."""
     if thread_release and (not specialized or num_stages > _EMPTY_BARS):
         raise ValueError(
             f"thread_release needs specialized=True (a producer warp's ring) and num_stages <= "
@@ -1001,8 +1034,9 @@ def int4_wgmma_swap(
             f"no maxnreg (wsplit_regs sets the second warpgroup's), got specialized="
             f"{specialized}, parts={parts}, num_warps={num_warps}, maxnreg={maxnreg}"
         )
-    if vector_store and not slots:
-        raise ValueError("vector_store needs slots=True (the split-K slots, or no split)")
+    for name, on in (("vector_store", vector_store), ("early_ticket", early_ticket)):
+        if on and not slots:
+            raise ValueError(f"{name} needs slots=True (the split-K slots, or no split)")
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
         raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool
@@ -1040,6 +1074,8 @@ def int4_wgmma_swap(
         )
         weight.memo["swap", block_n, block_k] = descs
     mode, out, ws, locks = split_k_output(x, m, n, num_splits, num_tiles, slots=slots)
+    if mode == 3 and early_ticket:
+        mode = 4
     group_tiles = 0 if g == k else g // block_k
     # every constexpr argument, the compile options and the descriptors' types follow from it
     key = (block_m, block_n, block_k, num_stages, num_warps, specialized, pipe, frag, parts,

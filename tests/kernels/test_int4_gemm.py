@@ -687,6 +687,8 @@ def test_swapped_kernel_stores_16_bytes_except_on_unsplit_64_row_tiles():
             assert not cfg.vector_store, (m, n, k, frag, cfg)
     with pytest.raises(ValueError, match="vector_store applies to the wgmma strategy"):
         Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, wsplit=True, vector_store=True)
+    with pytest.raises(ValueError, match="early_ticket applies to the wgmma strategy"):
+        Int4GemmConfig("mma", 16, 16, 128, 2, 8, 1, early_ticket=True)
 
 
 def test_large_m_cost_model_takes_the_256_by_64_tiling_where_it_fills_the_waves():

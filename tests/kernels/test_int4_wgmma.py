@@ -401,6 +401,57 @@ def test_swap_vector_store_agrees_with_the_mma_layout_store(case, order):
         int4_wgmma_swap(x, words, 16, 64, 128, 2, 4, 4, vector_store=True, slots=False)
 
 
+# Split-K with the ticket before the slot store (``early_ticket``): (block_m, block_n, block_k,
+# split_k, stages, warps, kwargs) as the table runs split-K (o_proj and down_proj at M = 16-128:
+# 2 splits, weights first), a short last split (3 of K = 1024's 8 tiles), 8 splits of one
+# tile, 16-byte stores, the warp-specialized form with two wgmmas in flight.
+EARLY_TICKET_CASES = [((64, 64, 128, 2, 6, 4), {"pdl": 3}), ((16, 64, 128, 3, 4, 4), {}),
+                      ((16, 64, 128, 8, 3, 4), {}),
+                      ((64, 64, 128, 2, 4, 4), {"vector_store": True}),
+                      ((128, 64, 128, 2, 4, 4), {"specialized": True, "pipe": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["canonical", "frag"])
+@pytest.mark.parametrize(
+    "case", EARLY_TICKET_CASES, ids=lambda c: "x".join(map(str, c[0])) + str(c[1])
+)
+def test_swap_early_ticket_adds_the_same_slots(case, order):
+    """``early_ticket``: the splits that are not last store their slot after the ticket and
+    count themselves done; the last waits for them and adds their slots and its own partial
+    from registers in split order. Bitwise the output of the ticket after the store (the same
+    sums in the same order) and close to the reference: masked N and M, fp16 and per-channel
+    scales; a grid of many waves (28672 rows: every tile's splits never all resident at once,
+    so a wait on a split not yet started would hang); then a CUDA graph of four calls
+    replayed back to back (a lock left not at 0 by one call would spoil the next). With fp32
+    atomics (no slots) it is refused."""
+    tiles, kwargs = case
+    if order == "frag" and tiles[2] != 128:
+        pytest.skip("fragment order: K tiles of 128")
+    for rows, group, dtype in ((1040, 128, torch.bfloat16), (1040, 1024, torch.float16),
+                               (28672, 128, torch.bfloat16)):  # fmt: skip
+        weight = random_weight(rows, 1024, group, seed=47)
+        words = weight if order == "canonical" else weight.to_frag()
+        for m in (1, 37, tiles[0]):
+            x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+            early = int4_wgmma_swap(x, words, *tiles, early_ticket=True, **kwargs)
+            late = int4_wgmma_swap(x, words, *tiles, **kwargs)
+            what = f"{order} {tiles} {kwargs} N={rows} M={m} g={group}"
+            assert_close(early, int4_gemm_ref(x, weight), dtype, what)
+            assert torch.equal(early, late), f"{what}: differs from the ticket after the store"
+    x = torch.randn(37, 1024, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [int4_wgmma_swap(x, words, *tiles, early_ticket=True, **kwargs) for _ in range(4)]
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        ref = int4_wgmma_swap(x, words, *tiles, **kwargs)
+        for out in outs:
+            assert torch.equal(out, ref), f"early_ticket {tiles}: graph replay"
+    with pytest.raises(ValueError, match="early_ticket needs slots=True"):
+        int4_wgmma_swap(x, words, 16, 64, 128, 2, 4, 4, early_ticket=True, slots=False)
+
+
 def test_swap_eager_launches_from_the_cache():
     """Eager calls after the first of a specialization launch the compiled kernel directly
     (``kernels.launch.FastLaunch``): one cache entry per specialization (M = 16 and 17 differ
