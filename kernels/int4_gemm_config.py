@@ -69,8 +69,8 @@ class Int4GemmConfig:
     (with ``specialized``) hands ring slots back to the producer warp through named barriers
     that each decoding warp arrives on once past its own wait, instead of a barrier of all of
     them and one arrival; ``early_ticket`` (split-K) takes a tile's ticket before the
-    split's slot store, and the last split keeps its partial in registers (not in the table:
-    not yet timed on a GPU); ``wsplit`` (not
+    split's slot store, and the last split keeps its partial in registers (every split form of
+    the table since the fortieth session, ``_narrow_swap``); ``wsplit`` (not
     ``specialized``, ``num_warps`` 4, no ``maxnreg``) adds a second warpgroup that takes the
     later half of each program's K tiles on a ring of its own (``num_stages`` more slots) and
     hands its sum to the first through shared memory once both are done.
@@ -404,7 +404,15 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     fragment-ordered words (``frag``; BENCHMARKS.md, "INT4 GEMM", thirty-third session).
     Since the thirty-fifth session, o_proj-sized weights in fragment order at 104 <= M <= 128
     run two 64-row x tiles unsplit instead (``_NARROW_2X64``; its comment gives the figures),
-    and since the thirty-sixth at every 64 < M <= 128, x padded by ``pad_rows``."""
+    and since the thirty-sixth at every 64 < M <= 128, x padded by ``pad_rows``.
+
+    Since the fortieth session every split form takes the tile's ticket before its slot
+    store (``early_ticket``: the last split adds its partial from registers). On an H100 in
+    ``bench_int4_swap_option.py --option early_ticket`` (two and four A/B rounds; no H200 was
+    lent), table / with it, us: 4096 x 4096 at M = 48 / 64 10.6 / 10.0, 11.0 / 10.7 and
+    10.9 / 10.7; 14336 x 4096 at M = 48 / 64 / 96 / 128 21.5 / 21.1, 22.3 / 21.8 and 22.0 /
+    21.5, 35.3 / 33.8, 32.6 / 31.0 and 31.8 / 30.4; at M = 16 16.8 / 16.8 and 16.4 / 16.5
+    (BENCHMARKS.md, "INT4 GEMM", fortieth session). Outputs are bitwise the same."""
     rows = 128 if m > 64 else max(8, 1 << (m - 1).bit_length())
     tiles = -(-m // rows) * -(-n // 64)
     # wsplit: a second warpgroup over the later half of each program's K tiles instead of more
@@ -425,11 +433,14 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     if m > 128 and tiles > _ONE_WAVE and -(-n // 64) <= _ONE_WAVE:
         return _NARROW_256
     if m > 64 and tiles * split > _ONE_WAVE:
-        return Int4GemmConfig("wgmma", rows, 64, 128, split, 4, 3, swap=True, vector_store=True)
+        return Int4GemmConfig(
+            "wgmma", rows, 64, 128, split, 4, 3, swap=True, vector_store=True,
+            early_ticket=split > 1,
+        )  # fmt: skip
     if wsplit:  # two rings of 4, above M = 32 two wgmmas in flight in each, no register cap
         return Int4GemmConfig(
             "wgmma", rows, 64, 128, split, 4, 4, swap=True, pipe=m > 32, wsplit=True, pdl=True,
-            weights_first=True, vector_store=split > 1,
+            weights_first=True, vector_store=split > 1, early_ticket=split > 1,
         )  # fmt: skip
     cap = 200 if 32 < m <= 64 else None
     # qkv- and o_proj-sized at M <= 64: the weight's first tiles before the wait, and a ring of
@@ -442,7 +453,7 @@ def _narrow_swap(m: int, n: int, k: int, *, frag: bool) -> Int4GemmConfig:
     return Int4GemmConfig(
         "wgmma", rows, 64, 128, split, 4, stages, swap=True, specialized=m > 64,
         pipe=m > 128 or (frag and m > 64), maxnreg=cap, pdl=first, weights_first=first,
-        vector_store=vector,
+        vector_store=vector, early_ticket=split > 1,
     )  # fmt: skip
 
 
