@@ -412,31 +412,26 @@ def _swap_epilogue(acc, out_ptr, ws_ptr, lock_ptr, pid, pid_k, num_splits, M, N,
         gl.store(out_ptrs, acc.to(dtype), mask=mask)
     elif MODE == 1:
         gl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-    elif MODE == 3:
+    elif MODE == 3 or MODE == 4:
         slot_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
-        gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
-        gl.thread_barrier()  # every thread's partial is in before the (releasing) ticket
-        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        if MODE == 3:
+            gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
+            gl.thread_barrier()  # every thread's partial is in before the (releasing) ticket
+            ticket = gl.atomic_add(lock_ptr + pid, 1, sem="acq_rel")
+        else:
+            ticket = gl.atomic_add(lock_ptr + pid, 1, sem="relaxed") & (_DONE - 1)
+            if ticket < num_splits - 1:
+                gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
+                gl.thread_barrier()  # every thread's partial is in before the (releasing) count
+                gl.atomic_add(lock_ptr + pid, _DONE, sem="release")
+            else:
+                done = ticket * 0
+                while done < num_splits - 1:
+                    done = gl.atomic_add(lock_ptr + pid, 0, sem="acquire") // _DONE
         if ticket == num_splits - 1:
             total = gl.zeros_like(acc)
-            for split in range(num_splits):  # L2 only: the other slots came from other SMs
-                total += gl.load(slot_ptrs + split * M * N, mask=mask, cache_modifier=".cg")
-            gl.store(out_ptrs, total.to(dtype), mask=mask)
-            gl.atomic_xchg(lock_ptr + pid, 0)
-    elif MODE == 4:
-        slot_ptrs = ws_ptr + offs_m[None, :] * N + offs_on[:, None]
-        ticket = gl.atomic_add(lock_ptr + pid, 1, sem="relaxed") & (_DONE - 1)
-        if ticket < num_splits - 1:
-            gl.store(slot_ptrs + pid_k * M * N, acc, mask=mask)
-            gl.thread_barrier()  # every thread's partial is in before the (releasing) count
-            gl.atomic_add(lock_ptr + pid, _DONE, sem="release")
-        else:
-            done = ticket * 0
-            while done < num_splits - 1:
-                done = gl.atomic_add(lock_ptr + pid, 0, sem="acquire") // _DONE
-            total = gl.zeros_like(acc)
-            for split in range(num_splits):  # in split order, as MODE 3
-                if split == pid_k:
+            for split in range(num_splits):  # in split order
+                if MODE == 4 and split == pid_k:  # its own partial, still in registers
                     total += acc
                 else:  # L2 only: the other slots came from other SMs
                     total += gl.load(slot_ptrs + split * M * N, mask=mask, cache_modifier=".cg")
@@ -1034,9 +1029,9 @@ def int4_wgmma_swap(
             f"no maxnreg (wsplit_regs sets the second warpgroup's), got specialized="
             f"{specialized}, parts={parts}, num_warps={num_warps}, maxnreg={maxnreg}"
         )
-    for name, on in (("vector_store", vector_store), ("early_ticket", early_ticket)):
-        if on and not slots:
-            raise ValueError(f"{name} needs slots=True (the split-K slots, or no split)")
+    if not slots and (vector_store or early_ticket):
+        name = "vector_store" if vector_store else "early_ticket"
+        raise ValueError(f"{name} needs slots=True (the split-K slots, or no split)")
     if pdl not in (0, 1, 2, 3) or (pdl == 3 and specialized):
         raise ValueError(f"pdl must be 0, 1, 2 or 3 (3 not with specialized), got {pdl}")
     pdl = int(pdl)  # a config's bool

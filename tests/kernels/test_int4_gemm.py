@@ -240,6 +240,8 @@ def test_bad_input_raises():
         with pytest.raises(ValueError, match="thread_release applies"):
             Int4GemmConfig(**bad, thread_release=True)
     Int4GemmConfig(**ws, num_stages=6, thread_release=True)
+    with pytest.raises(ValueError, match="early_ticket applies to the wgmma strategy"):
+        Int4GemmConfig("mma", 16, 16, 128, 2, 8, 1, early_ticket=True)
     for bad in ({"strategy": "gemv"}, {"strategy": "mm", "pdl": True}):
         with pytest.raises(ValueError, match="l2_prefetch applies to the gemv strategy"):
             Int4GemmConfig(**bad, l2_prefetch=True)
@@ -687,8 +689,6 @@ def test_swapped_kernel_stores_16_bytes_except_on_unsplit_64_row_tiles():
             assert not cfg.vector_store, (m, n, k, frag, cfg)
     with pytest.raises(ValueError, match="vector_store applies to the wgmma strategy"):
         Int4GemmConfig("mma", 16, 16, 128, 1, 8, 1, wsplit=True, vector_store=True)
-    with pytest.raises(ValueError, match="early_ticket applies to the wgmma strategy"):
-        Int4GemmConfig("mma", 16, 16, 128, 2, 8, 1, early_ticket=True)
 
 
 def test_swapped_kernel_split_forms_take_the_ticket_before_the_slot_store():

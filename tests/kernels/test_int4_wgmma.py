@@ -420,8 +420,8 @@ def test_swap_early_ticket_adds_the_same_slots(case, order):
     count themselves done; the last waits for them and adds their slots and its own partial
     from registers in split order. Bitwise the output of the ticket after the store (the same
     sums in the same order) and close to the reference: masked N and M, fp16 and per-channel
-    scales; a grid of many waves (28672 rows: every tile's splits never all resident at once,
-    so a wait on a split not yet started would hang); then a CUDA graph of four calls
+    scales; a grid of many waves (28672 rows: not every program resident at once, so a wait
+    on a split that has not started would hang); then a CUDA graph of four calls
     replayed back to back (a lock left not at 0 by one call would spoil the next). With fp32
     atomics (no slots) it is refused."""
     tiles, kwargs = case
